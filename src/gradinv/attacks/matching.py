@@ -1,0 +1,57 @@
+"""Gradient-matching losses shared by the optimization attacks."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def cosine_distance(dummy: list[Tensor], target: list[Tensor], nonzero_only: bool = False) -> Tensor:
+    """1 - cosine similarity of the concatenated gradients (Geiping et al. 2020, Eq. 4).
+
+    ``nonzero_only`` restricts both vectors to the target's non-zero entries, as the GIFD/CENSOR
+    code does: entries a defense zeroed carry no signal and would only pull the match off.
+    """
+    dot = dummy[0].new_zeros(())
+    dummy_sq = dummy[0].new_zeros(())
+    target_sq = dummy[0].new_zeros(())
+    for d, t in zip(dummy, target, strict=True):
+        if nonzero_only:
+            d = d * (t != 0)
+        dot = dot + (d * t).sum()
+        dummy_sq = dummy_sq + d.pow(2).sum()
+        target_sq = target_sq + t.pow(2).sum()
+    return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
+
+
+def euclidean_distance(dummy: list[Tensor], target: list[Tensor]) -> Tensor:
+    """Sum of squared differences (DLG, Zhu et al. 2019)."""
+    return sum(((d - t) ** 2).sum() for d, t in zip(dummy, target, strict=True))
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Anisotropic TV as in inversefed: mean absolute difference of neighbouring pixels."""
+    dx = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean()
+    dy = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().mean()
+    return dx + dy
+
+
+def target_gradients(tensors: dict[str, Tensor], names: list[str], kind: str,
+                     local_lr: float, local_steps: int) -> list[Tensor]:
+    """The update as a gradient, in the model's parameter order.
+
+    A FedAvg delta is turned into the gradient of one equivalent step, -delta / (lr * steps):
+    exact for one local step, an approximation (the attack's, not the protocol's) for more.
+    """
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise ValueError(f"the shared update lacks parameters {missing[:3]}...; was it captured "
+                         "from a different model?")
+    if kind == "gradient":
+        return [tensors[n].detach() for n in names]
+    scale = -1.0 / (local_lr * local_steps)
+    return [tensors[n].detach() * scale for n in names]
+
+
+def make_generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

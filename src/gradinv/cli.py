@@ -1,0 +1,188 @@
+"""``gradinv <verb>``: the entry points that Snakemake's rules call, one verb per stage.
+
+Rules pass each job's settings as one JSON string (``--settings``), made from the validated
+params.yaml by :func:`gradinv.config.job_settings`; a verb never reads params.yaml itself, so
+Snakemake's ``--configfile`` overlays reach every job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.pop("MLFLOW_RUN_ID", None)
+
+
+def _settings(text: str) -> dict[str, Any]:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--settings is not valid JSON ({err})") from None
+
+
+def _cmd_validate(a: argparse.Namespace) -> None:
+    from gradinv.config import load
+
+    load(a.params, tuple(a.configfile or ()))
+    print(f"{a.params}: valid")
+
+
+def _cmd_prepare(a: argparse.Namespace) -> None:
+    from gradinv.stages.prepare import prepare
+
+    prepare(_settings(a.settings), Path(a.raw_dir), Path(a.out))
+
+
+def _cmd_partition(a: argparse.Namespace) -> None:
+    from gradinv.stages.prepare import partition
+
+    partition(_settings(a.settings), a.dataset, Path(a.prepared_dir), Path(a.out))
+
+
+def _cmd_train(a: argparse.Namespace) -> None:
+    from gradinv.stages.train import run
+
+    checkpoints = {}
+    for path in a.checkpoints:
+        stem = Path(path).stem  # round<N>
+        checkpoints[int(stem.removeprefix("round"))] = Path(path)
+    run(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), checkpoints,
+        Path(a.summary))
+
+
+def _cmd_victim(a: argparse.Namespace) -> None:
+    from gradinv.stages.capture import select_victim
+
+    select_victim(a.dataset, Path(a.prepared_dir), a.victim, a.batch_size, a.stride, Path(a.out))
+
+
+def _cmd_capture(a: argparse.Namespace) -> None:
+    from gradinv.stages.capture import run
+
+    run(_settings(a.settings), Path(a.checkpoint), Path(a.victim_file), a.victim, Path(a.out))
+
+
+def _cmd_attack(a: argparse.Namespace) -> None:
+    from gradinv.stages.attack import run
+
+    run(_settings(a.settings), Path(a.capture), Path(a.out), job=a.out)
+
+
+def _cmd_score(a: argparse.Namespace) -> None:
+    from gradinv.stages.score import run
+
+    run(_settings(a.settings), Path(a.reconstruction), Path(a.victim_file), Path(a.out),
+        model=a.model, round=a.round, victim=a.victim)
+
+
+def _cmd_report(a: argparse.Namespace) -> None:
+    from gradinv.stages.report import run
+
+    run(_settings(a.settings), [Path(p) for p in a.metrics], [Path(p) for p in a.reconstructions],
+        [Path(p) for p in a.victims], Path(a.out_dir))
+
+
+def _cmd_tracking_init(a: argparse.Namespace) -> None:
+    from gradinv.config import PROJECT_ROOT
+    from gradinv.tracking import init_store
+
+    init_store(PROJECT_ROOT, a.experiment, enabled=a.enabled == "true")
+
+
+def _cmd_mlflow_ui(a: argparse.Namespace) -> None:
+    from gradinv.config import PROJECT_ROOT
+    from gradinv.tracking import mlflow_ui_command
+
+    print(mlflow_ui_command(PROJECT_ROOT))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gradinv", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def verb(name: str, func: Any, help: str, settings: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
+        sp.set_defaults(func=func)
+        if settings:
+            sp.add_argument("--settings", required=True, help="job settings as JSON")
+        return sp
+
+    sp = verb("validate", _cmd_validate, "validate params.yaml (and overlays)", settings=False)
+    sp.add_argument("--params", default="params.yaml")
+    sp.add_argument("--configfile", action="append", help="overlay, as Snakemake's --configfile")
+
+    sp = verb("prepare", _cmd_prepare, "prepare a dataset under data/prepared")
+    sp.add_argument("--raw-dir", required=True)
+    sp.add_argument("--out", required=True)
+
+    sp = verb("partition", _cmd_partition, "split a prepared dataset among the clients")
+    sp.add_argument("--dataset", required=True)
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--out", required=True)
+
+    sp = verb("train", _cmd_train, "federated training under one defense")
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--partition", required=True)
+    sp.add_argument("--checkpoints", nargs="+", required=True)
+    sp.add_argument("--summary", required=True)
+
+    sp = verb("victim", _cmd_victim, "select a victim's private batch", settings=False)
+    sp.add_argument("--dataset", required=True)
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--victim", type=int, required=True)
+    sp.add_argument("--batch-size", type=int, required=True)
+    sp.add_argument("--stride", type=int, required=True)
+    sp.add_argument("--out", required=True)
+
+    sp = verb("capture", _cmd_capture, "capture a victim's defended update")
+    sp.add_argument("--checkpoint", required=True)
+    sp.add_argument("--victim-file", required=True)
+    sp.add_argument("--victim", type=int, required=True)
+    sp.add_argument("--out", required=True)
+
+    sp = verb("attack", _cmd_attack, "reconstruct a victim's images from a capture")
+    sp.add_argument("--capture", required=True)
+    sp.add_argument("--out", required=True)
+
+    sp = verb("score", _cmd_score, "score a reconstruction and log the attack run")
+    sp.add_argument("--reconstruction", required=True)
+    sp.add_argument("--victim-file", required=True)
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--round", type=int, required=True)
+    sp.add_argument("--victim", type=int, required=True)
+
+    sp = verb("report", _cmd_report, "render a paper table from metric files")
+    sp.add_argument("--metrics", nargs="+", required=True)
+    sp.add_argument("--reconstructions", nargs="+", required=True)
+    sp.add_argument("--victims", nargs="+", required=True)
+    sp.add_argument("--out-dir", required=True)
+
+    sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)
+    sp.add_argument("--experiment", required=True)
+    sp.add_argument("--enabled", choices=["true", "false"], default="true")
+
+    verb("mlflow-ui", _cmd_mlflow_ui, "print the command that browses the runs", settings=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gradinv.settings import ConfigError
+
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ConfigError as err:
+        print(f"gradinv {args.verb}: configuration error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

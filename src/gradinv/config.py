@@ -1,0 +1,194 @@
+"""Loading and validating ``params.yaml``, and handing each job exactly the settings it uses.
+
+``params.yaml`` is Snakemake's configfile and DVC's params file. Its static structure is
+``workflow/schemas/params.schema.yaml``; the settings of each dataset, model, defense and attack
+are added to that schema from the frozen dataclasses beside their code (one declaration gives the
+default, the bounds and the check). Validation runs before any job starts; an error names the key
+and the fix.
+
+Jobs get their settings as one JSON string (:func:`job_settings`) that Snakemake passes through
+``params:``, so that changing a value reruns exactly the jobs that read it.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from gradinv.settings import ConfigError, settings_schema
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+
+_NAMED = {"label": {"type": "string", "minLength": 1}}
+
+
+def _registries() -> dict[str, Any]:
+    # Imported here: the registries pull in torch, which the schema alone does not need.
+    from gradinv.attacks import ATTACKS
+    from gradinv.data import DATASETS
+    from gradinv.defenses import DEFENSES
+    from gradinv.models import MODELS
+
+    return {"datasets": DATASETS, "models": MODELS, "defenses": DEFENSES, "attacks": ATTACKS}
+
+
+def full_schema() -> dict[str, Any]:
+    """The static schema plus one sub-schema per registered method."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    regs = _registries()
+    sources = {name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
+               for name in regs["datasets"]}
+    schema["properties"]["data"]["properties"]["sources"] |= {
+        "properties": sources, "additionalProperties": False}
+    for section in ("models", "defenses", "attacks"):
+        reg = regs[section]
+        instance = schema["properties"][section]["additionalProperties"]
+        instance["properties"]["kind"] = {"enum": reg.available()}
+        instance["allOf"] = [
+            {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+             "then": settings_schema(reg.get(kind).Settings,
+                                     {"kind": {"const": kind}, **_NAMED})}
+            for kind in reg.available()
+        ]
+    return schema
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        key = extra[0] if extra else "?"
+        close = difflib.get_close_matches(key, allowed, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}."
+        prefix = "" if where == "(top level)" else f"{where}."
+        return f"{prefix}{key}: unknown key; {fix}"
+    if error.validator == "enum":
+        close = difflib.get_close_matches(str(error.instance), map(str, error.validator_value))
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return (f"{where}: {error.instance!r} is not one of "
+                f"{', '.join(map(str, error.validator_value))}.{hint}")
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        word = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
+                "exclusiveMaximum": "<"}[error.validator]
+        return (f"{where}: {error.instance!r} is out of range; it must be {word} "
+                f"{error.validator_value}.")
+    if error.validator == "type":
+        return f"{where}: {error.instance!r} has the wrong type; expected {error.validator_value}."
+    return f"{where}: {error.message}"
+
+
+def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
+    """Check ``config`` against the schema and the cross-references between its sections."""
+    validator = jsonschema.Draft202012Validator(full_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
+    # An if/then failure also reports the bare "kind" mismatch; the specific one says more.
+    errors = [e for e in errors if e.validator not in ("if", "allOf")]
+    if errors:
+        lines = "\n  ".join(_describe(e) for e in errors[:10])
+        raise ConfigError(f"{source} is invalid:\n  {lines}\nFix these keys and rerun.")
+    _check_references(config, source)
+    return config
+
+
+def _check_references(config: dict[str, Any], source: str) -> None:
+    """Names used in ``tables`` must be defined in their sections."""
+    for table, spec in config["tables"].items():
+        for key, section in (("datasets", config["data"]["sources"]),
+                             ("defenses", config["defenses"]), ("attacks", config["attacks"])):
+            for name in spec[key]:
+                if name not in section:
+                    close = difflib.get_close_matches(name, section, n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    where = "data.sources" if key == "datasets" else key
+                    raise ConfigError(f"{source}: tables.{table}.{key}: {name!r} is not defined "
+                                      f"under {where}.{hint}")
+        if spec["model"] not in config["models"]:
+            raise ConfigError(f"{source}: tables.{table}.model: {spec['model']!r} is not "
+                              "defined under models.")
+
+
+def load(path: str | Path = PROJECT_ROOT / "params.yaml",
+         overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
+    """Read ``path`` (and overlays, merged in order, as Snakemake's --configfile does); validate."""
+    config: dict[str, Any] = {}
+    for p in (path, *overlays):
+        try:
+            text = Path(p).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {p} does not exist") from None
+        try:
+            layer = yaml.safe_load(text) or {}  # safe_load: values are data, never code
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{p} is not valid YAML: {err}") from None
+        config = merge(config, layer)
+    return validate(config, source=" + ".join(str(p) for p in (path, *overlays)))
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict update (lists and scalars are replaced), like Snakemake's configfiles."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
+    """An instance block without its bookkeeping keys: what the method's Settings receive."""
+    return {k: v for k, v in instance.items() if k not in ("kind", "label")}
+
+
+def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
+    """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger)."""
+    common = {"seed": config["seed"], "scale": config["scale"],
+              "tracking": config["tracking"], "threads": config["threads_per_job"]}
+    if stage == "prepare":
+        src = config["data"]["sources"][w["dataset"]]
+        out = {"dataset": w["dataset"], "settings": method_settings(src), "seed": config["seed"]}
+        return _dump(out)
+    if stage == "partition":
+        return _dump({"partition": config["partition"], "seed": config["seed"]})
+    out = dict(common)
+    if stage in ("train", "capture"):
+        out |= {"model": config["models"][w["model"]], "model_name": w["model"],
+                "defense": config["defenses"][w["defense"]], "defense_name": w["defense"],
+                "partition": config["partition"], "dataset": w["dataset"],
+                "dataset_label": config["data"]["sources"][w["dataset"]]["label"]}
+    if stage == "train":
+        out["fl"] = config["fl"]
+    elif stage == "capture":
+        out |= {"fl": config["fl"], "threat_model": config["threat_model"],
+                "capture": config["capture"]}
+    elif stage == "attack":
+        out |= {"attack": config["attacks"][w["attack"]], "attack_name": w["attack"],
+                "threat_model": config["threat_model"]}
+    elif stage == "score":
+        out |= {"metrics": config["metrics"], "attack": config["attacks"][w["attack"]],
+                "attack_name": w["attack"], "defense": config["defenses"][w["defense"]],
+                "defense_name": w["defense"], "dataset": w["dataset"],
+                "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
+                "threat_model": config["threat_model"]}
+    elif stage == "table":
+        out |= {"table": config["tables"][w["table"]], "table_name": w["table"],
+                "labels": {"defenses": {k: v["label"] for k, v in config["defenses"].items()},
+                           "attacks": {k: v["label"] for k, v in config["attacks"].items()}},
+                "attacks": config["attacks"], "models": config["models"],
+                "capture": config["capture"], "fl": config["fl"],
+                "threat_model": config["threat_model"]}
+    else:
+        raise ValueError(f"no job settings for stage {stage!r}")
+    return _dump(out)
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,68 @@
+"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009, "Learning Multiple Layers of Features from Tiny
+Images"), downloaded by torchvision.
+
+Why: CIFAR-10 is the small-image benchmark of CENSOR (NDSS 2025) and of most gradient-inversion
+papers since Inverting Gradients (Geiping et al. 2020, arXiv:2003.14053); CIFAR-100 is used for
+the many-class label-recovery settings. The official train split is our train split, the official
+test split our validation split (the attacked images come from it, as in breaching).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision import datasets
+
+from gradinv.data import DATASETS
+from gradinv.data.download import DownloadSettings, TorchvisionSource, fetch, mirror_url, verify
+
+
+class _Cifar(TorchvisionSource):
+    tv_class: ClassVar[type[datasets.CIFAR10]]
+
+    @classmethod
+    def fetch_splits(
+        cls, settings: DownloadSettings, root: Path
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
+        base = cls.tv_class
+        url = mirror_url(base.url, settings.mirror)
+        # A subclass with the same name changes only the URL; the checksums stay torchvision's.
+        tv = type(base.__name__, (base,), {"url": url})
+        splits = [
+            fetch(
+                lambda train=train: tv(str(root), train=train, download=True),
+                name=cls.name,
+                urls=[url],
+                root=root,
+            )
+            for train in (True, False)
+        ]
+        folder = root / tv.base_folder
+        verify(
+            cls.name,
+            [(folder / f, md5) for f, md5 in tv.train_list + tv.test_list]
+            + [(folder / tv.meta["filename"], tv.meta["md5"])],
+        )
+        out: list = []
+        for ds in splits:
+            out.append(torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))))
+            out.append(torch.as_tensor(ds.targets, dtype=torch.int64))
+        return (*out, tuple(splits[0].classes), url)
+
+
+@DATASETS.register("cifar10")
+class Cifar10(_Cifar):
+    paper_name = "CIFAR-10"
+    name = "cifar10"
+    tv_class = datasets.CIFAR10
+
+
+@DATASETS.register("cifar100")
+class Cifar100(_Cifar):
+    paper_name = "CIFAR-100"
+    name = "cifar100"
+    tv_class = datasets.CIFAR100

@@ -1,0 +1,27 @@
+"""Client-side defenses, registered by name; see README.md to add one.
+
+A defense is a policy that turns a client's private batch into the update it shares. Most
+defenses act on the gradient (:meth:`Defense.transform`); architectural ones also change the model
+(:meth:`Defense.wrap_model`), and the attacker then receives the wrapped model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradinv.defenses.base import Defense, Gradients, gradients_of
+from gradinv.registry import Registry
+from gradinv.settings import from_mapping
+
+DEFENSES: Registry[type[Defense]] = Registry("defense")
+
+from gradinv.defenses import clipping, noise, none, sparsification  # noqa: E402, F401
+
+
+def build_defense(kind: str, settings: dict[str, Any], where: str) -> Defense:
+    """Instantiate the defense registered as ``kind`` with its settings from params.yaml."""
+    cls = DEFENSES.get(kind)
+    return cls(from_mapping(cls.Settings, settings, where=where))
+
+
+__all__ = ["DEFENSES", "Defense", "Gradients", "build_defense", "gradients_of"]

@@ -1,0 +1,47 @@
+"""The defense interface: (model, private batch, loss) -> shared update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+Gradients = dict[str, Tensor]
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def gradients_of(model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn,
+                 create_graph: bool = False) -> Gradients:
+    """The gradient of ``loss_fn(model(inputs), labels)`` for every trainable parameter, by name."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    loss = loss_fn(model(inputs), labels)
+    grads = torch.autograd.grad(loss, [p for _, p in named], create_graph=create_graph)
+    return {n: g for (n, _), g in zip(named, grads, strict=True)}
+
+
+class Defense:
+    """Base class. Subclasses define a frozen ``Settings`` dataclass and override one hook.
+
+    ``transform`` receives the undefended gradient and returns the shared one; defenses that need
+    the model or the batch again (CENSOR evaluates candidate updates, Soteria inspects features)
+    override ``shared_update`` instead.
+    """
+
+    Settings: ClassVar[type]
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Architectural defenses replace layers here; gradient defenses keep the model."""
+        return model
+
+    def shared_update(self, model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn,
+                      generator: torch.Generator) -> Gradients:
+        grads = gradients_of(model, inputs, labels, loss_fn)
+        return self.transform(grads, generator)
+
+    def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+        raise NotImplementedError

@@ -1,0 +1,116 @@
+"""Server-side aggregation and the federated training loop.
+
+Each round the server samples ``clients_per_round`` clients, each client draws a batch from its own
+partition and returns its defended update, and the server averages them: FedSGD steps the global
+model by ``-lr * mean gradient``; FedAvg adds the mean delta. Batch-norm running statistics are
+averaged like any FedAvg state; they never reach an attacker's capture (the capture records the
+server's model, not the victim's statistics).
+
+Round 0 is the seeded initial model; the checkpoint of round r is the model after r rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from gradinv.defenses import Defense
+from gradinv.fl.client import client_update
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or update: the run is recorded as failed."""
+
+
+@dataclass(frozen=True)
+class FLSettings:
+    protocol: str
+    rounds: int
+    clients_per_round: int
+    batch_size: int
+    lr: float
+    local_steps: int
+    local_lr: float
+    eval_every: int
+    checkpoint_rounds: tuple[int, ...]
+    eval_samples: int
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FLSettings:
+        return cls(**{**d, "checkpoint_rounds": tuple(sorted(set(d["checkpoint_rounds"])))})
+
+
+def evaluate(model: nn.Module, images: Tensor, labels: Tensor, batch: int = 256) -> dict[str, float]:
+    """Test loss and accuracy with the model in eval mode."""
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(images), batch):
+            out = model(images[i:i + batch])
+            loss += F.cross_entropy(out, labels[i:i + batch], reduction="sum").item()
+            correct += (out.argmax(1) == labels[i:i + batch]).sum().item()
+    return {"test_loss": loss / len(images), "test_accuracy": correct / len(images)}
+
+
+def train(model: nn.Module, train_x: Tensor, train_y: Tensor, parts: list[list[int]],
+          test_x: Tensor, test_y: Tensor, defense: Defense, fl: FLSettings, seed: int,
+          on_checkpoint: Callable[[int, nn.Module], None]) -> list[dict[str, float]]:
+    """Run ``fl.rounds`` rounds; call ``on_checkpoint`` at each checkpoint round.
+
+    ``train_x`` and ``test_x`` are already normalised. Returns the per-round history.
+    """
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    history: list[dict[str, float]] = []
+    if 0 in fl.checkpoint_rounds:
+        on_checkpoint(0, model)
+    history.append({"round": 0, **evaluate(model, test_x, test_y)})
+    for rnd in tqdm(range(1, fl.rounds + 1), desc="FL rounds", mininterval=5.0):
+        clients = rng.choice(len(parts), size=min(fl.clients_per_round, len(parts)), replace=False)
+        updates, locals_ = [], []
+        train_loss = 0.0
+        model.train()
+        for c in clients:
+            idx = rng.choice(parts[c], size=min(fl.batch_size, len(parts[c])), replace=False)
+            x, y = train_x[idx], train_y[idx]
+            with torch.no_grad():
+                train_loss += F.cross_entropy(model(x), y).item() / len(clients)
+            update, local = client_update(model, x, y, defense, protocol=fl.protocol,
+                                          local_steps=fl.local_steps, local_lr=fl.local_lr,
+                                          generator=generator)
+            updates.append(update)
+            locals_.append(local)
+        _aggregate(model, updates, locals_, fl)
+        if not np.isfinite(train_loss):
+            raise TrainingDiverged(f"non-finite training loss at round {rnd}")
+        row: dict[str, float] = {"round": rnd, "train_loss": train_loss}
+        if rnd % fl.eval_every == 0 or rnd == fl.rounds or rnd in fl.checkpoint_rounds:
+            row |= evaluate(model, test_x, test_y)
+        history.append(row)
+        if rnd in fl.checkpoint_rounds:
+            on_checkpoint(rnd, model)
+    return history
+
+
+def _aggregate(model: nn.Module, updates: list[dict[str, Tensor]], locals_: list[nn.Module],
+               fl: FLSettings) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in updates[0]:
+                continue
+            mean = torch.stack([u[name] for u in updates]).mean(0)
+            if not torch.isfinite(mean).all():
+                raise TrainingDiverged(f"non-finite aggregated update for {name}")
+            p += -fl.lr * mean if fl.protocol == "fedsgd" else mean
+        local_buffers = [dict(m.named_buffers()) for m in locals_]
+        for name, b in model.named_buffers():
+            stacked = torch.stack([lb[name] for lb in local_buffers])
+            b.copy_(stacked.float().mean(0).to(b.dtype) if b.is_floating_point()
+                    else stacked.max(0).values)

@@ -1,0 +1,41 @@
+"""Stage: run one attack on one captured update. The private batch is never read here."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradinv.attacks import AttackFailed, ThreatModel, build_attack
+from gradinv.config import method_settings
+from gradinv.io import load_tensors, save_tensors
+from gradinv.protocol import ServerMessage, SharedUpdate
+from gradinv.stages.common import derive_seed, setup
+
+
+def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
+    setup(settings)
+    data = load_tensors(capture, remedy=f"snakemake {capture} --cores 1 --forcerun capture")
+    server = ServerMessage.from_dict(data["server"])
+    update = SharedUpdate.from_dict(data["update"])
+    cfg = settings["attack"]
+    attack = build_attack(cfg["kind"], method_settings(cfg),
+                          ThreatModel(**settings["threat_model"]),
+                          where=f"attacks.{settings['attack_name']}")
+    generator = torch.Generator().manual_seed(derive_seed(settings["seed"], "attack", job))
+    started = time.perf_counter()
+    result: dict[str, Any] = {"status": "ok", "failure": None}
+    try:
+        rec = attack.reconstruct(server, update, generator)
+        if not torch.isfinite(rec.images).all():
+            raise AttackFailed("the reconstruction contains non-finite pixels")
+        result |= {"images": rec.images.detach().float(), "labels": rec.labels,
+                   "history": {k: [list(p) for p in v] for k, v in rec.history.items()},
+                   "summary": rec.summary}
+    except AttackFailed as err:
+        # A failed attack is a result, not a crash: it is counted in the table, never averaged.
+        result |= {"status": "failed", "failure": str(err)}
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    save_tensors(out, result)

@@ -1,0 +1,26 @@
+"""Stage: prepare a dataset once, and partition it among the clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gradinv.data import load_prepared, prepare_dataset
+from gradinv.data.partition import PartitionSettings, partition_indices, write_partition
+from gradinv.settings import from_mapping
+
+
+def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
+    written = prepare_dataset(settings["dataset"], settings["settings"], raw_dir, out.parent,
+                              settings["seed"])
+    if written != out:
+        raise RuntimeError(f"prepare_dataset wrote {written}, expected {out}")
+
+
+def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: Path) -> None:
+    ds = load_prepared(dataset, prepared_dir)
+    p = from_mapping(PartitionSettings, settings["partition"], where="partition")
+    parts = partition_indices(ds.train_labels, p.scheme, p.num_clients, settings["seed"],
+                              alpha=p.alpha, labels_per_client=p.labels_per_client)
+    write_partition(out, parts, {"dataset": dataset, "data_sha256": ds.sha256,
+                                 "seed": settings["seed"], **settings["partition"]})

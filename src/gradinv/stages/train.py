@@ -1,0 +1,89 @@
+"""Stage: federated training of the global model under one defense, with checkpoints per round."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gradinv.config import method_settings
+from gradinv.data import load_prepared, read_partition
+from gradinv.defenses import build_defense
+from gradinv.fl.server import FLSettings, TrainingDiverged, train
+from gradinv.io import save_tensors, write_json
+from gradinv.models import build_model
+from gradinv.protocol import ServerMessage
+from gradinv.stages.common import derive_seed, model_spec, record, setup
+
+
+def run(settings: dict[str, Any], prepared_dir: Path, partition_path: Path,
+        checkpoints: dict[int, Path], summary_path: Path) -> None:
+    setup(settings)
+    dataset = settings["dataset"]
+    ds = load_prepared(dataset, prepared_dir)
+    parts, meta = read_partition(partition_path)
+    if meta.get("data_sha256") != ds.sha256:
+        raise RuntimeError(f"{partition_path} was made from another version of {dataset}; "
+                           "rerun snakemake to regenerate it")
+    fl = FLSettings.from_dict(settings["fl"])
+    if set(checkpoints) != set(fl.checkpoint_rounds):
+        raise ValueError(f"checkpoint outputs {sorted(checkpoints)} do not match "
+                         f"fl.checkpoint_rounds {list(fl.checkpoint_rounds)}")
+    if max(fl.checkpoint_rounds) > fl.rounds:
+        raise ValueError(f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
+                         f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round")
+    defense = build_defense(settings["defense"]["kind"], method_settings(settings["defense"]),
+                            where=f"defenses.{settings['defense_name']}")
+    spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
+    # The initial model depends on the seed only, so round 0 is the same for every defense.
+    model = defense.wrap_model(build_model(spec, seed=settings["seed"]))
+    train_x, train_y = ds.train_subset(range(len(ds.train_labels)))
+    n_eval = fl.eval_samples or len(ds.val_labels)
+    test_x, test_y = ds.val_batch(range(min(n_eval, len(ds.val_labels))))
+    from gradinv.protocol import normalize
+
+    train_x, test_x = normalize(train_x, ds.mean, ds.std), normalize(test_x, ds.mean, ds.std)
+
+    hashes: dict[str, str] = {}
+
+    def save(rnd: int, m: nn.Module) -> None:
+        msg = ServerMessage(model=spec, state={k: v.detach().clone()
+                                               for k, v in m.state_dict().items()}, round=rnd)
+        hashes[str(rnd)] = save_tensors(checkpoints[rnd], msg.to_dict())
+
+    started = time.perf_counter()
+    status, failure, history = "ok", None, []
+    try:
+        history = train(model, train_x, train_y, parts, test_x, test_y, defense, fl,
+                        seed=derive_seed(settings["seed"], "train", dataset,
+                                         settings["defense_name"]),
+                        on_checkpoint=save)
+    except TrainingDiverged as err:
+        status, failure = "failed", str(err)
+    summary = {"status": status, "failure": failure, "history": history,
+               "checkpoint_sha256": hashes, "seconds": round(time.perf_counter() - started, 1),
+               "dataset": dataset, "defense": settings["defense_name"],
+               "model": settings["model_name"], **record(settings, ds.sha256)}
+    write_json(summary_path, summary)
+    _track(settings, summary)
+    if status != "ok":
+        raise TrainingDiverged(f"{failure}; recorded in {summary_path}")
+
+
+def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
+    from gradinv.stages.tracking import log_job
+
+    history: dict[str, list[tuple[int, float]]] = {}
+    for row in summary["history"]:
+        for key, value in row.items():
+            if key != "round":
+                history.setdefault(key, []).append((int(row["round"]), float(value)))
+    final = {k: v[-1][1] for k, v in history.items()}
+    log_job(settings, kind="train",
+            run_name=f"train {summary['dataset']}/{summary['model']}/{summary['defense']}",
+            job_key=f"train/{summary['dataset']}/{summary['model']}/{summary['defense']}",
+            params={"fl": settings["fl"], "defense": settings["defense"],
+                    "model": settings["model"], "partition": settings["partition"]},
+            metrics=final, history=history, summary=summary)

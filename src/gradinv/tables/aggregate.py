@@ -1,0 +1,289 @@
+"""Aggregate per-victim metrics into the cells of a paper table (CENSOR, NDSS 2025, Table I).
+
+A cell is one (row, attack, metric): the mean over the victims whose run finished (``status``
+"ok"), the standard deviation of those values, how many went in (``n``) and how many failed.
+
+Why these rules (STYLE principle 11):
+* A failed victim is never averaged in and never dropped: it is counted in ``failed`` and its
+  reason is kept in the cell's ``note``. An "ok" run whose metric is NaN/inf is counted as failed
+  for that metric, because averaging it would poison the mean and skipping it would hide it.
+* A ``null`` metric means "could not be computed" (e.g. LPIPS without its weights): the cell stays
+  empty and the note carries the reason from ``<metric>_status`` when the file has one.
+* ``unavailable`` (long table only) counts the ok runs with a null value, so renderers need not
+  parse the note.
+* ``std`` uses ddof=1 (the sample standard deviation): the victims are a sample of the test set,
+  as in the paper (every 1000th validation image). With n = 1 it is undefined and left empty
+  rather than reported as a misleading 0.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gradinv.tables.files import DEFAULT_METRICS, unavailable_column
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a metric is named and read in the paper: its label, arrow and printed decimals."""
+
+    label: str
+    arrow: str  # CENSOR's direction: "↑" higher is better for the defender, "↓" lower is better
+    decimals: int
+
+
+METRICS: dict[str, MetricSpec] = {
+    "mse": MetricSpec("MSE", "↑", 4),
+    "lpips": MetricSpec("LPIPS", "↑", 4),
+    "psnr": MetricSpec("PSNR", "↓", 3),
+    "ssim": MetricSpec("SSIM", "↓", 4),
+    "label_accuracy": MetricSpec("LabelAcc", "↓", 3),
+}
+STATS: tuple[str, ...] = ("mean", "std", "n", "failed", "note")
+#: Columns that must not vary inside one cell unless they are rows of the table.
+SETTING_KEYS: tuple[str, ...] = ("dataset", "model", "defense", "round", "batch_size")
+#: Per-cell context carried into the long table (for comparisons and captions).
+CONTEXT: tuple[str, ...] = (
+    "dataset",
+    "dataset_label",
+    "paper_dataset",
+    "defense",
+    "defense_label",
+    "model",
+    "round",
+    "batch_size",
+    "scale",
+)
+
+
+class TableError(ValueError):
+    """The runs cannot form the requested table (mixed settings, unknown metric, ...)."""
+
+
+def metric_spec(metric: str) -> MetricSpec:
+    """The spec of ``metric``; an unknown name is an error that suggests the close matches."""
+    if metric not in METRICS:
+        close = difflib.get_close_matches(metric, METRICS, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise TableError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}.{hint}")
+    return METRICS[metric]
+
+
+def metric_header(metric: str) -> str:
+    """``MSE↑``: the paper's column name with its arrow."""
+    spec = metric_spec(metric)
+    return f"{spec.label}{spec.arrow}"
+
+
+def _unique(values: pd.Series, what: str) -> Any:
+    found = list(dict.fromkeys(None if pd.isna(v) else v for v in values))
+    if len(found) > 1:
+        raise TableError(f"{what} is not unique: {found}.")
+    return found[0] if found else None
+
+
+def _row_values(df: pd.DataFrame, column: str, given: Sequence[Any] | None) -> list[Any]:
+    if given is not None:
+        return list(given)
+    return sorted(df[column].dropna().unique().tolist())
+
+
+def _row_label(df: pd.DataFrame, column: str, key: Any) -> str:
+    if f"{column}_label" in df.columns:
+        labels = df.loc[df[column] == key, f"{column}_label"]
+        label = _unique(labels, f"{column}_label of {column}={key!r}")
+        if label is not None:
+            return str(label)
+    return str(key)
+
+
+def _joined(values: pd.Series) -> str:
+    return "; ".join(sorted({str(v) for v in values.dropna()}))
+
+
+def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
+    """Statistics of one cell under the rules in the module docstring."""
+    empty = {
+        "mean": math.nan,
+        "std": math.nan,
+        "n": 0,
+        "failed": 0,
+        "note": "no runs",
+        "unavailable": 0,
+    }
+    if group is None or group.empty:
+        return empty
+    label = metric_spec(metric).label
+    ok = group[group["status"] == "ok"]
+    failed = group[group["status"] == "failed"]
+    null = ok[unavailable_column(metric)].astype(bool).to_numpy()
+    values = ok.loc[~null, metric].to_numpy(dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    nonfinite = len(values) - len(finite)
+    notes = []
+    if null.any():
+        status_col = f"{metric}_status"
+        reason = _joined(ok.loc[null, status_col]) if status_col in ok.columns else ""
+        reason = reason or "unavailable (null in the metrics file)"
+        scope = "" if null.all() else f"{int(null.sum())} of {len(ok)} ok runs: "
+        notes.append(f"{scope}{label} {reason}")
+    if nonfinite:
+        notes.append(f"{nonfinite} ok run(s) gave a non-finite {label}")
+    if len(failed):
+        notes.append(f"{len(failed)} failed: {_joined(failed['failure']) or 'no reason given'}")
+    n = len(finite)
+    return {
+        "mean": float(np.mean(finite)) if n else math.nan,
+        "std": float(np.std(finite, ddof=1)) if n > 1 else math.nan,
+        "n": n,
+        "failed": len(failed) + nonfinite,
+        "note": " | ".join(notes),
+        "unavailable": int(null.sum()),
+    }
+
+
+def _check_group(group: pd.DataFrame, rows: Sequence[str], where: str) -> None:
+    for key in SETTING_KEYS:
+        if key not in rows and key in group.columns and group[key].nunique(dropna=False) > 1:
+            raise TableError(
+                f"cell {where} mixes runs with {key} = {sorted(map(str, group[key].unique()))} "
+                f"(e.g. {', '.join(group['source'].head(2))}); add {key!r} to rows or pass only "
+                "the files of one setting."
+            )
+    dup = group["victim"].duplicated(keep=False)
+    if dup.any():
+        raise TableError(
+            f"cell {where} has victim(s) twice: {', '.join(group.loc[dup, 'source'])}."
+        )
+
+
+def long_table(
+    df: pd.DataFrame,
+    *,
+    rows: Sequence[str] = ("dataset", "defense"),
+    attacks: Sequence[str],
+    defenses: Sequence[str],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    datasets: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """One line per (row, attack, metric) cell, in the table's order; the source of every output.
+
+    Rows are the product of the ordered row values (``datasets`` and ``defenses`` give the order
+    of those columns; other row columns are sorted), so a combination without any run shows up as
+    a ``no runs`` cell instead of vanishing. Runs outside the listed attacks, defenses and
+    datasets are not part of this table and are left out.
+    """
+    for metric in metrics:
+        metric_spec(metric)
+    missing = [c for c in (*rows, "attack", "status", *metrics) if c not in df.columns]
+    if missing:
+        raise TableError(f"the runs lack column(s) {', '.join(missing)} needed for this table.")
+    keep = df["attack"].isin(attacks) & df["defense"].isin(defenses)
+    if datasets is not None:
+        keep &= df["dataset"].isin(datasets)
+    sub = df[keep]
+    given = {"dataset": datasets, "defense": defenses}
+    row_values = [_row_values(sub, c, given.get(c)) for c in rows]
+    groups = {key: g for key, g in sub.groupby([*rows, "attack"], sort=False, dropna=False)}
+    attack_labels = {a: _row_label(sub, "attack", a) for a in attacks}
+    if len(set(attack_labels.values())) < len(attack_labels):
+        raise TableError(f"two attacks share a label: {attack_labels}.")
+    records = []
+    for row_key in itertools.product(*row_values):
+        base: dict[str, Any] = {}
+        for column, key in zip(rows, row_key, strict=True):
+            base[column] = key
+            base[f"{column}_label"] = _row_label(sub, column, key)
+        for attack in attacks:
+            group = groups.get((*row_key, attack))
+            where = ", ".join(
+                f"{k}={v}" for k, v in [*zip(rows, row_key, strict=True), ("attack", attack)]
+            )
+            context = {c: None for c in CONTEXT}
+            if group is not None:
+                _check_group(group, rows, where)
+                context = {
+                    c: _unique(group[c], f"{c} in cell {where}") if c in group else None
+                    for c in CONTEXT
+                }
+            if "dataset" in rows:
+                context["paper_dataset"] = (
+                    _unique(
+                        sub.loc[sub["dataset"] == base["dataset"], "paper_dataset"],
+                        f"paper_dataset of dataset={base['dataset']!r}",
+                    )
+                    if "paper_dataset" in sub
+                    else None
+                )
+            for metric in metrics:
+                records.append(
+                    {
+                        **context,
+                        **base,
+                        "attack": attack,
+                        "attack_label": attack_labels[attack],
+                        "metric": metric,
+                        **_cell(group, metric),
+                    }
+                )
+    columns = list(
+        dict.fromkeys(
+            [
+                *rows,
+                *(f"{c}_label" for c in rows),
+                "attack",
+                "attack_label",
+                "metric",
+                *STATS,
+                "unavailable",
+                *CONTEXT,
+            ]
+        )
+    )
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def widen(long: pd.DataFrame, rows: Sequence[str] = ("dataset", "defense")) -> pd.DataFrame:
+    """The paper's layout: one line per row, ``<attack> <metric><arrow> <stat>`` columns.
+
+    Row columns show the human labels (``No Defense``, not ``none``); cell columns follow the
+    attack and metric order of the long table, so the CSV header is stable across reruns.
+    """
+    line_keys = list(dict.fromkeys(tuple(r) for r in long[list(rows)].itertuples(index=False)))
+    lines: dict[tuple[Any, ...], dict[str, Any]] = {k: {} for k in line_keys}
+    for rec in long.to_dict("records"):
+        line = lines[tuple(rec[c] for c in rows)]
+        for column in rows:
+            line[column] = rec[f"{column}_label"]
+        head = f"{rec['attack_label']} {metric_header(rec['metric'])}"
+        for stat in STATS:
+            line[f"{head} {stat}"] = rec[stat]
+    wide = pd.DataFrame.from_records(list(lines.values()))
+    for column in wide.columns:
+        if column.endswith((" n", " failed")):
+            wide[column] = wide[column].astype("int64")
+    return wide
+
+
+def paper_table(
+    df: pd.DataFrame,
+    *,
+    rows: Sequence[str] = ("dataset", "defense"),
+    attacks: Sequence[str],
+    defenses: Sequence[str],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    datasets: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """The wide table of :func:`widen` straight from collected runs (see :func:`long_table`)."""
+    long = long_table(
+        df, rows=rows, attacks=attacks, defenses=defenses, metrics=metrics, datasets=datasets
+    )
+    return widen(long, rows)

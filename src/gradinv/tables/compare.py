@@ -1,0 +1,89 @@
+"""Put our cells next to the published numbers (``workflow/reference/*.csv``).
+
+A comparison is only meaningful where we ran the paper's own dataset, so a cell is matched only
+when its ``paper_dataset`` (null for stand-in datasets) equals the reference's dataset and its
+defense/attack labels equal the paper's names ("No Defense", "Noise", "Clipping", "Sparsi",
+"Soteria", "Censor"; "IG", "GI", "GGL", "GIAS", "GIFD"). Unmatched cells are simply not
+compared; an embedded run on stand-in data yields a header-only file, which the Markdown states.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from gradinv.tables.aggregate import TableError, metric_spec
+
+REFERENCE_COLUMNS: tuple[str, ...] = ("dataset", "defense", "attack", "metric", "value")
+COMPARISON_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "defense",
+    "attack",
+    "metric",
+    "ours_mean",
+    "ours_std",
+    "ours_n",
+    "ours_failed",
+    "paper",
+    "difference",
+    "scale",
+)
+
+
+def empty_comparison() -> pd.DataFrame:
+    """The header-only comparison, for runs without any of the paper's datasets."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in COMPARISON_COLUMNS})
+
+
+def read_reference(reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
+    """Published numbers in long format; a wrong layout or a duplicated cell is an error."""
+    ref = pd.read_csv(reference_csv)
+    missing = [c for c in REFERENCE_COLUMNS if c not in ref.columns]
+    if missing:
+        raise TableError(
+            f"{reference_csv}: missing column(s) {', '.join(missing)}; a reference for cell "
+            f"comparison needs {', '.join(REFERENCE_COLUMNS)}."
+        )
+    keys = list(REFERENCE_COLUMNS[:-1])
+    dup = ref.duplicated(keys, keep=False)
+    if dup.any():
+        raise TableError(f"{reference_csv}: cells listed twice:\n{ref[dup].to_string()}")
+    return ref
+
+
+def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
+    """Our mean/std/n beside the paper's value for every matching cell, in the table's order.
+
+    ``difference`` is ours minus the paper's. ``scale`` says whether our cell came from the
+    scaled-down ("embedded") or the paper-scale run, because only the latter is meant to agree.
+    """
+    ref = read_reference(reference_csv)
+    long = df_table_long[df_table_long["paper_dataset"].notna()]
+    if long.empty:
+        return empty_comparison()
+    ours = pd.DataFrame(
+        {
+            "dataset": long["paper_dataset"].astype(str),
+            "defense": long["defense_label"].astype(str),
+            "attack": long["attack_label"].astype(str),
+            "metric": [metric_spec(m).label for m in long["metric"]],
+            "ours_mean": long["mean"].astype(float),
+            "ours_std": long["std"].astype(float),
+            "ours_n": long["n"].astype("int64"),
+            "ours_failed": long["failed"].astype("int64"),
+            "scale": long["scale"],
+        }
+    )
+    ref = ref.assign(**{c: ref[c].astype(str) for c in REFERENCE_COLUMNS[:-1]})
+    merged = ours.merge(
+        ref.rename(columns={"value": "paper"}),
+        how="inner",
+        on=["dataset", "defense", "attack", "metric"],
+        sort=False,
+    )
+    if merged.empty:
+        return empty_comparison()
+    merged["paper"] = merged["paper"].astype(float)
+    merged["difference"] = merged["ours_mean"] - merged["paper"]
+    return merged[list(COMPARISON_COLUMNS)].reset_index(drop=True)

@@ -1,0 +1,221 @@
+"""Figures of a table: bar charts of the cells and a grid of reconstructions (CENSOR Fig. 6).
+
+Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas, never through
+pyplot's global state, and saved without the PNG "Software" stamp, so the same cells give the
+same bytes on the same library versions. Both files are written atomically (temporary file in
+the same folder, then ``os.replace``) so a killed job never leaves a truncated PNG behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from gradinv.io import atomic_path
+from gradinv.tables.aggregate import TableError, metric_header
+
+DPI = 100
+PNG_METADATA: dict[str, Any] = {"Software": None}
+
+
+def _save(fig: Figure, out_path: str | os.PathLike[str]) -> None:
+    FigureCanvasAgg(fig)
+    with atomic_path(out_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, metadata=PNG_METADATA)
+
+
+def table_figure(
+    long: pd.DataFrame,
+    out_path: str | os.PathLike[str],
+    *,
+    rows: Sequence[str] = ("dataset", "defense"),
+) -> None:
+    """One panel per (facet, metric): bars = last row column (defense), hue = attack.
+
+    The bar height is the cell mean and the error bar its std over victims, taken from the same
+    long table as the CSV so figure and table cannot disagree. A panel whose metric is unavailable
+    says so instead of being blank.
+    """
+    x_col, facet_cols = rows[-1], list(rows[:-1])
+    metrics = list(dict.fromkeys(long["metric"]))
+    attacks = list(dict.fromkeys(long["attack_label"]))
+    facet_key = (
+        long[[f"{c}_label" for c in facet_cols]].astype(str).agg(" / ".join, axis=1)
+        if facet_cols
+        else pd.Series("", index=long.index)
+    )
+    facets = list(dict.fromkeys(facet_key))
+    xs = list(dict.fromkeys(long[f"{x_col}_label"]))
+    colors = sns.color_palette("colorblind", len(attacks))
+    width = 0.8 / max(len(attacks), 1)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(3.2 * len(metrics), 2.6 * len(facets) + 0.8))
+        axes = fig.subplots(len(facets), len(metrics), squeeze=False)
+        for (i, facet), (j, metric) in itertools.product(enumerate(facets), enumerate(metrics)):
+            ax = axes[i][j]
+            panel = long[(facet_key == facet) & (long["metric"] == metric)]
+            title = f"{facet} — {metric_header(metric)}" if facet else metric_header(metric)
+            ax.set_title(title)
+            for k, attack in enumerate(attacks):
+                part = panel[panel["attack_label"] == attack].set_index(f"{x_col}_label")
+                means = np.array([part["mean"].get(x, math.nan) for x in xs], dtype=float)
+                stds = np.array([part["std"].get(x, math.nan) for x in xs], dtype=float)
+                pos = np.arange(len(xs)) - 0.4 + width * (k + 0.5)
+                ax.bar(pos, np.nan_to_num(means), width, color=colors[k], label=attack)
+                ok = np.isfinite(means) & np.isfinite(stds)
+                ax.errorbar(
+                    pos[ok],
+                    means[ok],
+                    yerr=stds[ok],
+                    fmt="none",
+                    ecolor="black",
+                    elinewidth=0.8,
+                    capsize=2,
+                )
+                for p, x in zip(pos, xs, strict=True):  # failures are shown, never hidden
+                    failed = int(part["failed"].get(x, 0))
+                    if failed:
+                        ax.text(
+                            p,
+                            0.03,
+                            f"{failed} failed",
+                            rotation=90,
+                            ha="center",
+                            va="bottom",
+                            fontsize=6,
+                            color="firebrick",
+                            transform=ax.get_xaxis_transform(),
+                        )
+            if not np.isfinite(panel["mean"].to_numpy(dtype=float)).any():
+                notes = [n for n in panel["note"] if n]
+                ax.text(
+                    0.5,
+                    0.6,
+                    notes[0] if notes else "no values",
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    wrap=True,
+                    fontsize=7,
+                    color="firebrick",
+                )
+                ax.set_yticks([])
+            ax.set_xticks(np.arange(len(xs)), xs, rotation=30, ha="right")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=len(attacks), frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+        _save(fig, out_path)
+
+
+@dataclass(frozen=True)
+class GridEntry:
+    """One reconstruction: which run it came from, the private image and the attacker's image."""
+
+    dataset: str
+    defense_label: str
+    attack_label: str
+    victim: int
+    original: Any  # float tensor or array (C, H, W) in [0, 1]
+    reconstruction: Any
+
+
+def _as_entry(entry: GridEntry | Mapping[str, Any]) -> GridEntry:
+    if isinstance(entry, GridEntry):
+        return entry
+    return GridEntry(**{k: entry[k] for k in GridEntry.__dataclass_fields__})
+
+
+def _image(value: Any, what: str) -> np.ndarray | None:
+    """(C, H, W) tensor/array -> (H, W, C) array for imshow; ``None`` if it is not finite."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim != 3 or arr.shape[0] not in (1, 3):
+        raise TableError(f"{what}: expected an image of shape (C, H, W), C in 1/3; got {arr.shape}")
+    if not np.isfinite(arr).all():
+        return None
+    arr = np.clip(arr, 0.0, 1.0).transpose(1, 2, 0)
+    return arr[..., 0] if arr.shape[2] == 1 else arr
+
+
+def reconstruction_grid(
+    entries: Sequence[GridEntry | Mapping[str, Any]], out_path: str | os.PathLike[str]
+) -> None:
+    """Originals in the first row, then one row per defense × attack; columns are victims.
+
+    Rows and columns follow the order of first appearance in ``entries``, so the caller decides
+    the layout. Two different originals for the same (dataset, victim) are an error: the grid
+    would otherwise compare a reconstruction against the wrong image. A non-finite
+    reconstruction (failed run) and a missing one are labelled in place, not left blank.
+    """
+    items = [_as_entry(e) for e in entries]
+    if not items:
+        raise TableError("reconstruction_grid: no entries given.")
+    columns = list(dict.fromkeys((e.dataset, e.victim) for e in items))
+    row_keys = list(dict.fromkeys((e.defense_label, e.attack_label) for e in items))
+    originals: dict[tuple[str, int], np.ndarray | None] = {}
+    cells: dict[tuple[tuple[str, str], tuple[str, int]], np.ndarray | None] = {}
+    for e in items:
+        col = (e.dataset, e.victim)
+        original = _image(e.original, f"original of {col}")
+        if col in originals and not _same(originals[col], original):
+            raise TableError(f"reconstruction_grid: two different originals for {col}.")
+        originals[col] = original
+        cells[((e.defense_label, e.attack_label), col)] = _image(
+            e.reconstruction, f"reconstruction of {e.defense_label}/{e.attack_label}/{col}"
+        )
+    size = 1.4
+    fig = Figure(figsize=(size * len(columns) + 1.6, size * (len(row_keys) + 1) + 0.3))
+    axes = fig.subplots(len(row_keys) + 1, len(columns), squeeze=False)
+    grid_rows = [("Original", originals)] + [
+        (f"{rk[0]}\n{rk[1]}", {c: cells.get((rk, c), "missing") for c in columns})
+        for rk in row_keys
+    ]
+    for i, (row_label, images) in enumerate(grid_rows):
+        for j, col in enumerate(columns):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            image = images.get(col, "missing")
+            if isinstance(image, np.ndarray):
+                ax.imshow(
+                    image,
+                    cmap="gray" if image.ndim == 2 else None,
+                    vmin=0,
+                    vmax=1,
+                    interpolation="nearest",
+                )
+            else:
+                text = "missing" if isinstance(image, str) else "non-finite"
+                ax.text(
+                    0.5,
+                    0.5,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    transform=ax.transAxes,
+                    color="firebrick",
+                )
+            if i == 0:
+                ax.set_title(f"{col[0]}\nvictim {col[1]}", fontsize=7)
+            if j == 0:
+                ax.set_ylabel(row_label, fontsize=7, rotation=0, ha="right", va="center")
+    fig.tight_layout()
+    _save(fig, out_path)
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and bool(np.array_equal(a, b))

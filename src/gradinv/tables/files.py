@@ -1,0 +1,117 @@
+"""Read the per-run metrics files that every table and figure is rendered from.
+
+Results are data (STYLE principle 7): each attack job writes one flat JSON file, and a table is a
+pure function of those files. This module is the only place that reads them, so a malformed file
+fails here, by name, instead of turning into a quietly wrong average three steps later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+#: One job = one value of these keys; two files with the same values are a pipeline bug.
+JOB_KEYS: tuple[str, ...] = (
+    "dataset",
+    "model",
+    "defense",
+    "attack",
+    "round",
+    "batch_size",
+    "victim",
+)
+#: Keys every metrics file must carry (values may be null where the schema allows).
+REQUIRED_KEYS: tuple[str, ...] = (
+    *JOB_KEYS,
+    "dataset_label",
+    "paper_dataset",
+    "defense_label",
+    "attack_label",
+    "status",
+    "failure",
+    "scale",
+)
+DEFAULT_METRICS: tuple[str, ...] = ("mse", "lpips", "psnr", "ssim")
+STATUSES: tuple[str, ...] = ("ok", "failed")
+
+
+class MetricsFileError(ValueError):
+    """A metrics file that cannot be tabled; the message names the file and what is wrong."""
+
+
+def unavailable_column(metric: str) -> str:
+    """Name of the boolean column that marks a null (unavailable) metric value.
+
+    Metric columns are floats, where pandas would read a JSON ``null`` and a computed NaN alike.
+    The two mean different things (a metric we could not compute vs. a run that blew up), so the
+    null-ness is kept in its own column.
+    """
+    return f"{metric}_unavailable"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_one(path: Path, metrics: Sequence[str]) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
+    except json.JSONDecodeError as err:
+        raise MetricsFileError(f"{path}: not valid JSON ({err}).") from err
+    if not isinstance(record, dict):
+        raise MetricsFileError(f"{path}: expected a JSON object, found {type(record).__name__}.")
+    missing = [k for k in (*REQUIRED_KEYS, *metrics) if k not in record]
+    if missing:
+        raise MetricsFileError(f"{path}: missing key(s) {', '.join(missing)}.")
+    if record["status"] not in STATUSES:
+        raise MetricsFileError(
+            f"{path}: status {record['status']!r} is not one of {', '.join(STATUSES)}."
+        )
+    for metric in metrics:
+        value = record[metric]
+        if value is not None and not _is_number(value):
+            raise MetricsFileError(f"{path}: metric {metric!r} is {value!r}, not a number/null.")
+    return record
+
+
+def collect(
+    paths: Iterable[str | os.PathLike[str]], *, metrics: Sequence[str] = DEFAULT_METRICS
+) -> pd.DataFrame:
+    """Read metrics files into one DataFrame, one row per job, sorted by the job keys.
+
+    Sorting makes every aggregate independent of the order the workflow lists the files in, which
+    is what keeps re-rendered tables byte-identical. Each row keeps its ``source`` path so an odd
+    number can be traced to its file. For each metric ``m`` a boolean ``m_unavailable`` column
+    says whether the file held ``null`` (the metric could not be computed) as opposed to a number,
+    possibly NaN/inf in a failed run.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise MetricsFileError("no metrics files given: a table of nothing is a workflow bug.")
+    records = []
+    seen: dict[tuple[Any, ...], Path] = {}
+    for path in paths:
+        record = _read_one(path, metrics)
+        job = tuple(record[k] for k in JOB_KEYS)
+        if job in seen:
+            raise MetricsFileError(
+                f"{path} and {seen[job]} describe the same job "
+                f"({', '.join(f'{k}={v}' for k, v in zip(JOB_KEYS, job, strict=True))})."
+            )
+        seen[job] = path
+        row = dict(record)
+        for metric in metrics:
+            value = record[metric]
+            row[unavailable_column(metric)] = value is None
+            row[metric] = math.nan if value is None else float(value)
+        row["source"] = str(path)
+        records.append(row)
+    df = pd.DataFrame.from_records(records)
+    return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)

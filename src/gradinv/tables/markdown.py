@@ -1,0 +1,158 @@
+"""The human-readable companion of a table CSV: cells, caveats, comparison and provenance.
+
+The Markdown is what a reader opens first, so everything that changes how the numbers may be read
+is stated here in words, loudly: a scaled-down run, an unavailable metric, failed victims, and
+whether there was anything in the paper to compare against. It holds no timestamp, so reruns on
+the same metrics files give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gradinv.tables.aggregate import metric_header, metric_spec
+
+ARROWS_LINE = (
+    "Arrows follow CENSOR: ↑ higher is better for the defender, ↓ lower is better for the "
+    "defender (MSE↑ LPIPS↑ PSNR↓ SSIM↓)."
+)
+
+
+def _esc(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def format_cell(rec: Mapping[str, Any]) -> str:
+    """``mean ± std (n)``, ``, k failed`` when k > 0; ``n/a`` for an unavailable metric."""
+    decimals = metric_spec(rec["metric"]).decimals
+    n, failed = int(rec["n"]), int(rec["failed"])
+    counts = f"{n}, {failed} failed" if failed else f"{n}"
+    if n == 0:
+        if int(rec["unavailable"]):
+            return f"n/a ({failed} failed)" if failed else "n/a"
+        if failed:
+            return f"— ({counts})"
+        return "no runs"
+    mean = f"{rec['mean']:.{decimals}f}"
+    std = rec["std"]
+    if isinstance(std, float) and math.isnan(std):
+        return f"{mean} ({counts})"
+    return f"{mean} ± {std:.{decimals}f} ({counts})"
+
+
+def _cell_tables(long: pd.DataFrame, rows: Sequence[str]) -> list[str]:
+    """One Markdown table per attack: the paper's wide row would be ~22 columns, unreadable."""
+    out: list[str] = []
+    metrics = list(dict.fromkeys(long["metric"]))
+    for attack in dict.fromkeys(long["attack_label"]):
+        part = long[long["attack_label"] == attack]
+        out += [f"### {attack}", ""]
+        out.append("| " + " | ".join([*rows, *(metric_header(m) for m in metrics)]) + " |")
+        out.append("|" + "---|" * len(rows) + "---:|" * len(metrics))
+        line_keys = dict.fromkeys(tuple(r) for r in part[list(rows)].itertuples(index=False))
+        for key in line_keys:
+            sel = part[(part[list(rows)] == pd.Series(key, index=list(rows))).all(axis=1)]
+            by_metric = {r["metric"]: r for r in sel.to_dict("records")}
+            first = next(iter(by_metric.values()))
+            labels = [_esc(first[f"{c}_label"]) for c in rows]
+            cells = [format_cell(by_metric[m]) for m in metrics]
+            out.append("| " + " | ".join(labels + cells) + " |")
+        out.append("")
+    return out
+
+
+def _warnings(long: pd.DataFrame) -> list[str]:
+    """Loud notes for metrics that are unavailable in some or all cells."""
+    out = []
+    for metric in dict.fromkeys(long["metric"]):
+        part = long[(long["metric"] == metric) & (long["note"] != "no runs")]
+        label = metric_spec(metric).label
+        hit = part[part["unavailable"] > 0]
+        if hit.empty:
+            continue
+        reasons = "; ".join(dict.fromkeys(n.split(" | ")[0] for n in hit["note"]))
+        scope = "in every cell" if len(hit) == len(part) else f"in {len(hit)} cell(s)"
+        out += [
+            f"> **{label} UNAVAILABLE {scope}.** {_esc(reasons)}. Those runs are left out "
+            f"of the {label} cells (`n/a` where no run had it), not counted as zero.",
+            "",
+        ]
+    return out
+
+
+def render_markdown(
+    long: pd.DataFrame,
+    *,
+    title: str,
+    rows: Sequence[str],
+    setting: Mapping[str, Any],
+    scaled_down: bool,
+    reproduces: str,
+    scaled_down_note: str,
+    comparison: pd.DataFrame,
+    reference_name: str | None,
+    failed_runs: pd.DataFrame,
+    csv_name: str,
+    vs_paper_name: str,
+    figure_name: str,
+) -> str:
+    """The full Markdown text of a table (see the module docstring for what it must say)."""
+    lines = [
+        f"# {title}",
+        "",
+        ARROWS_LINE,
+        "",
+        "Cells: mean ± std over victims (sample std, ddof=1; omitted for a single victim) "
+        "and, in brackets, n = victims averaged, then `k failed` = victims whose run failed; "
+        "failed victims are never averaged in. `n/a`: metric unavailable; `no runs`: no "
+        f"metrics file for that cell. Exact values: `{csv_name}`; figure: `{figure_name}`.",
+        "",
+    ]
+    if scaled_down:
+        lines += [
+            f"> **SCALED-DOWN run of {reproduces}: these are not the paper's settings and "
+            f"its numbers are not expected to match.** {scaled_down_note}",
+            "",
+        ]
+    lines += _warnings(long)
+    lines += _cell_tables(long, rows)
+    lines += ["## Comparison with the paper", ""]
+    if reference_name is None:
+        lines.append("No published reference was given for this table.")
+    elif comparison.empty:
+        lines.append(
+            f"No dataset of this run is one of the paper's datasets, so there is nothing "
+            f"to compare against in `{reference_name}`; `{vs_paper_name}` holds only its "
+            "header."
+        )
+    else:
+        scales = ", ".join(sorted({str(s) for s in comparison["scale"]}))
+        lines.append(
+            f"{len(comparison)} cell(s) match `{reference_name}` (our scale: {scales}); "
+            f"ours, the paper's value and the difference are in `{vs_paper_name}`."
+        )
+    lines.append("")
+    lines += ["## Failed runs", ""]
+    if failed_runs.empty:
+        lines.append("None.")
+    else:
+        lines += [
+            "| dataset | defense | attack | victim | failure | file |",
+            "|---|---|---|---:|---|---|",
+        ]
+        for r in failed_runs.to_dict("records"):
+            lines.append(
+                f"| {_esc(r['dataset_label'])} | {_esc(r['defense_label'])} | "
+                f"{_esc(r['attack_label'])} | {r['victim']} | "
+                f"{_esc(r['failure'] or 'no reason given')} | `{_esc(r['source'])}` |"
+            )
+    lines += ["", "## Setting", ""]
+    for key, value in setting.items():
+        if isinstance(value, list | tuple):
+            value = ", ".join(map(str, value))
+        lines.append(f"- **{_esc(key)}**: {_esc(value)}")
+    return "\n".join(lines).rstrip("\n") + "\n"

@@ -1,0 +1,134 @@
+"""Render one named table (CSV, Markdown, comparison with the paper, figure) from metrics files.
+
+This is the single entry point the report stage calls, once per paper table ("table1" for
+CENSOR's Table I; later Tables II, V, VI, VII and other papers' tables reuse it with other
+``rows``, attacks, defenses and references). Everything it writes is a function of the metrics
+files and the arguments alone, with fixed float formatting, so a rerun is byte-identical.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gradinv.io import atomic_path
+from gradinv.tables.aggregate import TableError, long_table, widen
+from gradinv.tables.compare import empty_comparison, vs_paper
+from gradinv.tables.figures import table_figure
+from gradinv.tables.files import DEFAULT_METRICS, collect
+from gradinv.tables.markdown import render_markdown
+
+FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Write ``df`` atomically with fixed float precision, empty NaN, ``\\n`` line ends."""
+    with atomic_path(path) as tmp:
+        df.to_csv(
+            tmp,
+            index=False,
+            float_format=FLOAT_FORMAT,
+            na_rep="",
+            lineterminator="\n",
+            encoding="utf-8",
+        )
+
+
+def _scales(df: pd.DataFrame, setting: Mapping[str, Any]) -> set[str]:
+    """Scales of the runs; a ``setting['scale']`` that contradicts the files is an error."""
+    scales = {str(s) for s in df["scale"].dropna()}
+    claimed = setting.get("scale")
+    if claimed is not None and scales and scales != {str(claimed)}:
+        raise TableError(
+            f"setting says scale={claimed!r} but the metrics files say {sorted(scales)}."
+        )
+    return scales
+
+
+def _provenance(df: pd.DataFrame) -> dict[str, str]:
+    """What the files themselves say produced them, appended to the caller's setting."""
+    out = {"metrics files": str(len(df))}
+    for key in ("git_commit", "config_hash", "data_sha256"):
+        if key in df.columns:
+            values = sorted({str(v) for v in df[key].dropna()})
+            if values:
+                out[key] = ", ".join(values)
+    return out
+
+
+def render_table(
+    name: str,
+    metric_files: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    attacks: Sequence[str],
+    defenses: Sequence[str],
+    datasets: Sequence[str],
+    setting: Mapping[str, Any],
+    scaled_down_note: str,
+    reference_csv: str | os.PathLike[str] | None,
+    rows: Sequence[str] = ("dataset", "defense"),
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    title: str | None = None,
+    reproduces: str = "the published table",
+) -> dict[str, Path]:
+    """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv`` and ``figures/<name>.png``.
+
+    ``attacks``, ``defenses`` and ``datasets`` are the run keys (``ig``, ``noise``, ...) in the
+    paper's order; runs outside them are not part of this table. ``setting`` is listed verbatim in
+    the Markdown, followed by the provenance recorded in the files (commits, config hashes).
+    A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
+    what was scaled down and why would be read as a failed reproduction.
+    """
+    out_dir = Path(out_dir)
+    df = collect(metric_files, metrics=metrics)
+    scales = _scales(df, setting)
+    scaled_down = "embedded" in scales
+    if scaled_down and not scaled_down_note.strip():
+        raise TableError(
+            f"{name}: the runs are scaled down (scale 'embedded') but no "
+            "scaled_down_note says what was scaled down and why."
+        )
+    long = long_table(
+        df, rows=rows, attacks=attacks, defenses=defenses, metrics=metrics, datasets=datasets
+    )
+    comparison = vs_paper(long, reference_csv) if reference_csv is not None else empty_comparison()
+    paths = {
+        "csv": out_dir / f"{name}.csv",
+        "markdown": out_dir / f"{name}.md",
+        "vs_paper": out_dir / f"{name}_vs_paper.csv",
+        "figure": out_dir / "figures" / f"{name}.png",
+    }
+    write_csv(widen(long, rows), paths["csv"])
+    write_csv(comparison, paths["vs_paper"])
+    table_figure(long, paths["figure"], rows=rows)
+    in_table = (
+        df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
+    )
+    failed_runs = df[in_table & (df["status"] == "failed")]
+    left_out = int((~in_table).sum())
+    full_setting = {**setting, **_provenance(df[in_table])}
+    if left_out:
+        full_setting["runs outside this table (not shown)"] = str(left_out)
+    text = render_markdown(
+        long,
+        title=title or f"{name}: defenses against gradient inversion attacks",
+        rows=rows,
+        setting=full_setting,
+        scaled_down=scaled_down,
+        reproduces=reproduces,
+        scaled_down_note=scaled_down_note,
+        comparison=comparison,
+        reference_name=None if reference_csv is None else Path(reference_csv).name,
+        failed_runs=failed_runs,
+        csv_name=paths["csv"].name,
+        vs_paper_name=paths["vs_paper"].name,
+        figure_name=f"figures/{paths['figure'].name}",
+    )
+    with atomic_path(paths["markdown"]) as tmp:
+        tmp.write_text(text, encoding="utf-8")  # arrows and ±: never the locale's encoding
+    return paths

@@ -1,0 +1,316 @@
+"""Tables are rendered from metrics files alone: check cells, failures, comparison, bytes, images.
+
+The metrics dicts below are synthetic test fixtures, not results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from gradinv.tables import (
+    MetricsFileError,
+    TableError,
+    collect,
+    long_table,
+    paper_table,
+    read_reference,
+    reconstruction_grid,
+    render_table,
+    vs_paper,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "workflow" / "reference" / "censor_table1.csv"
+LABELS = {"none": "No Defense", "noise": "Noise", "ig": "IG", "gi": "GI"}
+SETTING = {
+    "datasets": ["patches"],
+    "image size": "16x16",
+    "model": "resnet18",
+    "iterations": 20,
+    "restarts": 1,
+    "victims": 3,
+    "scale": "embedded",
+}
+NOTE = "Stand-in 16x16 patches, 20 iterations: sized to run on two CPU cores in minutes."
+
+
+def run(defense: str = "none", attack: str = "ig", victim: int = 0, **over) -> dict:
+    """One synthetic metrics record (a fixture for the table code, not a result)."""
+    rec = {
+        "dataset": "patches",
+        "dataset_label": "Patches",
+        "paper_dataset": None,
+        "model": "resnet18",
+        "defense": defense,
+        "defense_label": LABELS[defense],
+        "defense_kind": defense,
+        "attack": attack,
+        "attack_label": LABELS[attack],
+        "attack_kind": attack,
+        "round": 0,
+        "batch_size": 1,
+        "victim": victim,
+        "status": "ok",
+        "failure": None,
+        "mse": 0.01 * (victim + 1),
+        "psnr": 20.0 + victim,
+        "ssim": 0.5,
+        "lpips": 0.3,
+        "lpips_status": "ok",
+        "label_accuracy": 1.0,
+        "scale": "embedded",
+        "seed": 0,
+        "git_commit": "abc123",
+        "config_hash": "cfg",
+        "data_sha256": "d",
+    }
+    rec.update(over)
+    return rec
+
+
+def write(tmp_path: Path, records: list[dict]) -> list[Path]:
+    folder = tmp_path / "metrics"
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for rec in records:
+        path = folder / f"{rec['dataset']}_{rec['defense']}_{rec['attack']}_{rec['victim']}.json"
+        path.write_text(json.dumps(rec))
+        paths.append(path)
+    return paths
+
+
+def grid_records() -> list[dict]:
+    return [run(d, a, v) for d in ("noise", "none") for a in ("gi", "ig") for v in range(3)]
+
+
+def test_rows_and_columns_follow_the_given_order(tmp_path):
+    df = collect(write(tmp_path, grid_records()))
+    wide = paper_table(df, attacks=["ig", "gi"], defenses=["none", "noise"])
+    assert list(wide["defense"]) == ["No Defense", "Noise"]
+    assert list(wide["dataset"]) == ["Patches", "Patches"]
+    cells = [
+        f"{a} {m} {s}"
+        for a in ("IG", "GI")
+        for m in ("MSE↑", "LPIPS↑", "PSNR↓", "SSIM↓")
+        for s in ("mean", "std", "n", "failed", "note")
+    ]
+    assert list(wide.columns) == ["dataset", "defense", *cells]
+
+
+def test_mean_std_n_match_hand_computation(tmp_path):
+    df = collect(write(tmp_path, grid_records()))
+    wide = paper_table(df, attacks=["ig", "gi"], defenses=["none", "noise"]).iloc[0]
+    mses = [0.01, 0.02, 0.03]
+    assert wide["IG MSE↑ mean"] == pytest.approx(sum(mses) / 3)
+    assert wide["IG MSE↑ std"] == pytest.approx(float(np.std(mses, ddof=1)))
+    assert wide["IG PSNR↓ mean"] == pytest.approx(21.0)
+    assert wide["IG MSE↑ n"] == 3 and wide["IG MSE↑ failed"] == 0
+    assert wide["IG MSE↑ note"] == ""
+
+
+def test_failed_runs_are_counted_never_averaged(tmp_path):
+    records = [
+        run(victim=0),
+        run(victim=1),
+        run(
+            victim=2,
+            status="failed",
+            failure="non-finite attack loss at iteration 120",
+            mse=math.nan,
+            psnr=math.inf,
+            ssim=None,
+            lpips=None,
+        ),
+        run(victim=3, psnr=math.inf),
+    ]  # "ok" but non-finite: failed for PSNR only
+    df = collect(write(tmp_path, records))
+    cell = paper_table(df, attacks=["ig"], defenses=["none"]).iloc[0]
+    assert cell["IG MSE↑ mean"] == pytest.approx((0.01 + 0.02 + 0.04) / 3)
+    assert (cell["IG MSE↑ n"], cell["IG MSE↑ failed"]) == (3, 1)
+    assert "non-finite attack loss at iteration 120" in cell["IG MSE↑ note"]
+    assert cell["IG PSNR↓ mean"] == pytest.approx(20.5)
+    assert (cell["IG PSNR↓ n"], cell["IG PSNR↓ failed"]) == (2, 2)
+    assert "non-finite PSNR" in cell["IG PSNR↓ note"]
+
+
+def test_unavailable_lpips_is_empty_with_reason(tmp_path):
+    reason = "unavailable: lpips weights not found offline"
+    records = [run(victim=v, lpips=None, lpips_status=reason) for v in range(2)]
+    paths = write(tmp_path, records)
+    cell = paper_table(collect(paths), attacks=["ig"], defenses=["none"]).iloc[0]
+    assert math.isnan(cell["IG LPIPS↑ mean"]) and cell["IG LPIPS↑ n"] == 0
+    assert cell["IG LPIPS↑ failed"] == 0 and reason in cell["IG LPIPS↑ note"]
+    out = render_table(
+        "t",
+        paths,
+        tmp_path / "out",
+        attacks=["ig"],
+        defenses=["none"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=REFERENCE,
+    )
+    text = out["markdown"].read_text(encoding="utf-8")
+    assert "LPIPS UNAVAILABLE in every cell" in text and reason in text
+    assert "| Patches | No Defense | 0.0150 ± 0.0071 (2) | n/a |" in text
+
+
+def test_missing_combination_is_shown_not_dropped(tmp_path):
+    df = collect(write(tmp_path, [run("none", "ig", 0)]))
+    wide = paper_table(df, attacks=["ig"], defenses=["none", "noise"])
+    assert list(wide["defense"]) == ["No Defense", "noise"]
+    assert wide.iloc[1]["IG MSE↑ note"] == "no runs" and wide.iloc[1]["IG MSE↑ n"] == 0
+
+
+def test_mixed_settings_in_one_cell_are_an_error(tmp_path):
+    df = collect(write(tmp_path, [run(victim=0), run(victim=1, round=5)]))
+    with pytest.raises(TableError, match="round"):
+        paper_table(df, attacks=["ig"], defenses=["none"])
+
+
+def test_vs_paper_matches_the_papers_dataset(tmp_path):
+    records = [
+        run(
+            victim=v,
+            dataset="cifar10",
+            dataset_label="CIFAR-10",
+            paper_dataset="CIFAR-10",
+            psnr=25.0 + v,
+        )
+        for v in range(2)
+    ]
+    long = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none"])
+    comp = vs_paper(long, REFERENCE)
+    assert len(comp) == 4  # MSE, LPIPS, PSNR, SSIM
+    psnr = comp[comp["metric"] == "PSNR"].iloc[0]
+    assert (psnr["dataset"], psnr["defense"], psnr["attack"]) == ("CIFAR-10", "No Defense", "IG")
+    assert psnr["paper"] == pytest.approx(26.324)
+    assert psnr["ours_mean"] == pytest.approx(25.5) and psnr["ours_n"] == 2
+    assert psnr["difference"] == pytest.approx(25.5 - 26.324)
+    assert psnr["scale"] == "embedded"
+
+
+def test_no_paper_dataset_gives_header_only(tmp_path):
+    out = render_table(
+        "table1",
+        write(tmp_path, grid_records()),
+        tmp_path / "out",
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=REFERENCE,
+        reproduces="CENSOR's Table I",
+    )
+    assert out["vs_paper"].read_text(encoding="utf-8") == (
+        "dataset,defense,attack,metric,ours_mean,ours_std,ours_n,ours_failed,paper,"
+        "difference,scale\n"
+    )
+    text = out["markdown"].read_text(encoding="utf-8")
+    assert "No dataset of this run is one of the paper's datasets" in text
+    assert "SCALED-DOWN run of CENSOR's Table I" in text and NOTE in text
+    assert "↑ higher is better for the defender" in text
+    assert "- **iterations**: 20" in text and "abc123" in text
+
+
+def test_rerender_is_byte_identical_and_pngs_are_images(tmp_path):
+    records = grid_records()
+    records[1] = run(
+        records[1]["defense"],
+        records[1]["attack"],
+        records[1]["victim"],
+        status="failed",
+        failure="diverged",
+        mse=math.nan,
+    )
+    paths = write(tmp_path, records)
+    kwargs = dict(
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=REFERENCE,
+    )
+    first = render_table("table1", paths, tmp_path / "a", **kwargs)
+    second = render_table("table1", list(reversed(paths)), tmp_path / "b", **kwargs)
+    for key, path in first.items():
+        assert path.read_bytes() == second[key].read_bytes(), key
+    assert "diverged" in first["markdown"].read_text(encoding="utf-8")
+    with Image.open(first["figure"]) as img:
+        img.verify()
+        assert img.format == "PNG"
+    assert not list((tmp_path / "a").rglob("*.tmp"))
+
+
+def test_reconstruction_grid_writes_a_png(tmp_path):
+    torch.manual_seed(0)
+    originals = {v: torch.rand(3, 8, 8) for v in range(2)}
+    entries = [
+        {
+            "dataset": "patches",
+            "defense_label": d,
+            "attack_label": "IG",
+            "victim": v,
+            "original": originals[v],
+            "reconstruction": torch.rand(3, 8, 8),
+        }
+        for d in ("No Defense", "Censor")
+        for v in range(2)
+    ]
+    entries[-1]["reconstruction"] = torch.full((3, 8, 8), math.nan)
+    out = tmp_path / "figures" / "grid.png"
+    reconstruction_grid(entries, out)
+    with Image.open(out) as img:
+        img.verify()
+    entries[0]["original"] = torch.zeros(3, 8, 8)
+    with pytest.raises(TableError, match="two different originals"):
+        reconstruction_grid(entries, out)
+
+
+def test_malformed_files_are_named(tmp_path):
+    good = write(tmp_path, [run()])
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(MetricsFileError, match=r"broken\.json"):
+        collect([*good, broken])
+    incomplete = tmp_path / "incomplete.json"
+    incomplete.write_text(json.dumps({k: v for k, v in run().items() if k != "status"}))
+    with pytest.raises(MetricsFileError, match=r"incomplete\.json: missing key\(s\) status"):
+        collect([incomplete])
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(run()))
+    with pytest.raises(MetricsFileError, match="same job"):
+        collect([*good, twice])
+
+
+def test_embedded_run_without_note_is_refused(tmp_path):
+    with pytest.raises(TableError, match="scaled_down_note"):
+        render_table(
+            "t",
+            write(tmp_path, [run()]),
+            tmp_path / "o",
+            attacks=["ig"],
+            defenses=["none"],
+            datasets=["patches"],
+            setting=SETTING,
+            scaled_down_note="",
+            reference_csv=None,
+        )
+
+
+def test_reference_copy_is_complete():
+    ref = read_reference(REFERENCE)
+    assert len(ref) == 3 * 6 * 5 * 4
+    assert set(ref["defense"]) == {"No Defense", "Noise", "Clipping", "Sparsi", "Soteria", "Censor"}
+    assert pd.api.types.is_float_dtype(ref["value"])

@@ -1,0 +1,273 @@
+"""The MLflow mirror: one run per job, safe under parallel jobs, never fatal to a job.
+
+Each test logs to the per-test sqlite store that conftest points ``GRADINV_TRACKING_URI`` at.
+Creating MLflow's schema costs seconds, so a migrated empty store is built once per session and
+copied in (fmind/mlops-python-package#129).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradinv import tracking
+from gradinv.tracking import JOB_KEY_TAG, TrackingWarning
+
+pytest.importorskip("mlflow")
+
+EXP = "gradinv-test"
+
+
+@pytest.fixture(scope="session")
+def _migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # creates the schema
+    return db
+
+
+@pytest.fixture
+def store(tmp_path: Path, _migrated_db: Path) -> Path:
+    """A project root whose (env-selected) store already has MLflow's schema."""
+    uri = os.environ["GRADINV_TRACKING_URI"]
+    assert uri == f"sqlite:///{tmp_path}/mlflow.db", "conftest should isolate the store"
+    shutil.copy(_migrated_db, tmp_path / "mlflow.db")
+    return tmp_path
+
+
+def _client(root: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking.tracking_uri(root))
+
+
+def _active_runs(root: Path) -> list:
+    client = _client(root)
+    exp = client.get_experiment_by_name(EXP)
+    return client.search_runs([exp.experiment_id], max_results=1000) if exp else []
+
+
+def _log(root: Path, job_key: str, **kwargs):
+    args = {"params": {}, "metrics": {"m": 1.0}, **kwargs}
+    return tracking.log_run(
+        experiment=EXP, run_name=job_key, job_key=job_key, project_root=root, **args
+    )
+
+
+def test_paths_are_absolute_and_overridable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("GRADINV_TRACKING_URI")
+    monkeypatch.delenv("GRADINV_ARTIFACT_ROOT", raising=False)
+    root = tmp_path.resolve()
+    assert tracking.tracking_uri(root) == f"sqlite:///{root}/mlflow.db"
+    assert tracking.artifact_root(root) == f"{root}/mlartifacts"
+    assert tracking.mlflow_ui_command(root) == (
+        f"mlflow ui --backend-store-uri sqlite:///{root}/mlflow.db --port 5000"
+    )
+    monkeypatch.setenv("GRADINV_TRACKING_URI", "sqlite:///scratch/t.db")
+    assert tracking.tracking_uri(root) == f"sqlite:///{root}/scratch/t.db"
+    assert tracking.artifact_root(root) == f"{root}/scratch/mlartifacts"
+    monkeypatch.setenv("GRADINV_ARTIFACT_ROOT", "/elsewhere/art")
+    assert tracking.artifact_root(root) == "/elsewhere/art"
+
+
+def test_init_store_twice_is_idempotent(store: Path):
+    tracking.init_store(store, EXP)
+    tracking.init_store(store, EXP)
+    client = _client(store)
+    names = [e.name for e in client.search_experiments()]
+    assert names.count(EXP) == 1
+    exp = client.get_experiment_by_name(EXP)
+    assert exp.artifact_location == (store / "mlartifacts").as_uri()
+
+
+def test_log_run_records_params_metrics_history_image_artifact_tags(store: Path):
+    import torch
+
+    table = store / "metrics.json"
+    table.write_text('{"psnr": 20.5}')
+    many = {f"p{i}": i for i in range(150)}  # more than one log_batch of params
+    run_id = tracking.log_run(
+        experiment=EXP,
+        run_name="ig/cifar10",
+        job_key="results/attack/cifar10/resnet18/none/ig/metrics.json",
+        params={
+            "attack": {"name": "ig", "lr": 0.1, "tv": {"weight": 1e-4}},
+            "long": "x" * 9000,
+            **many,
+        },
+        metrics={"psnr": 20.5, "lpips": None, "ssim": float("nan"), "acc": torch.tensor(0.25)},
+        history={"loss": [(step, 1.0 / (step + 1)) for step in range(1200)]},
+        tags={"gradinv.rule": "attack"},
+        artifacts={"tables": table},
+        images={"reconstruction": torch.rand(3, 8, 6), "truth": np.random.rand(8, 6, 3)},
+        project_root=store,
+    )
+    assert run_id is not None
+    client = _client(store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["attack.name"] == "ig"
+    assert params["attack.tv.weight"] == "0.0001"
+    assert len(params["long"]) == 6000  # MLflow's param value limit
+    assert params["p149"] == "149"
+    metrics = run.data.metrics
+    assert metrics["psnr"] == 20.5 and metrics["acc"] == 0.25
+    assert math.isnan(metrics["ssim"]) and "lpips" not in metrics
+    history = client.get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1200))
+    tags = run.data.tags
+    assert tags[JOB_KEY_TAG] == "results/attack/cifar10/resnet18/none/ig/metrics.json"
+    assert tags["gradinv.metrics_none"] == "lpips"
+    assert "ssim=nan" in tags["gradinv.metrics_nonfinite"]
+    assert tags["gradinv.rule"] == "attack"
+    assert {"gradinv.git_commit", "gradinv.python", "gradinv.torch"} <= set(tags)
+    images = {a.path for a in client.list_artifacts(run_id, "images")}
+    assert images == {"images/reconstruction.png", "images/truth.png"}
+    assert [a.path for a in client.list_artifacts(run_id, "tables")] == ["tables/metrics.json"]
+    assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(store)
+
+
+def test_same_job_key_twice_leaves_one_run(store: Path):
+    first = _log(store, "job/a", metrics={"m": 1.0})
+    second = _log(store, "job/a", metrics={"m": 2.0})
+    _log(store, "job/b")
+    runs = _active_runs(store)
+    assert sorted(r.data.tags[JOB_KEY_TAG] for r in runs) == ["job/a", "job/b"]
+    kept = next(r for r in runs if r.data.tags[JOB_KEY_TAG] == "job/a")
+    assert kept.info.run_id == second != first
+    assert kept.data.metrics["m"] == 2.0
+
+
+def _worker(root: str, worker: int) -> list[str]:
+    """One 'Snakemake job process' logging three runs; returns any tracking warnings.
+
+    Torch is imported only inside the tests that need it: these spawned children import this
+    module, and on two cores four torch imports would double the test's time.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            run_id = _log(
+                Path(root),
+                f"w{worker}/job{i}",
+                params={"worker": worker, "i": i},
+                history={"loss": [(s, float(s)) for s in range(50)]},
+            )
+            assert run_id is not None
+    return [str(w.message) for w in caught if issubclass(w.category, TrackingWarning)]
+
+
+def test_parallel_processes_each_run_exactly_once(store: Path):
+    tracking.init_store(store, EXP)
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        results = pool.starmap(_worker, [(str(store), w) for w in range(4)])
+    assert results == [[], [], [], []]
+    keys = sorted(r.data.tags[JOB_KEY_TAG] for r in _active_runs(store))
+    assert keys == sorted(f"w{w}/job{i}" for w in range(4) for i in range(3))
+
+
+def test_broken_store_warns_and_returns_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the store's folder should be")
+    monkeypatch.setenv("GRADINV_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
+    with pytest.warns(TrackingWarning, match="not_a_dir"):
+        tracking.init_store(tmp_path, EXP)
+    with pytest.warns(TrackingWarning, match="was not logged"):
+        assert _log(tmp_path, "job/x") is None
+
+
+def test_bad_item_is_recorded_not_fatal(store: Path):
+    with pytest.warns(TrackingWarning, match="incomplete"):
+        run_id = _log(
+            store,
+            "job/bad",
+            images={"batch": np.zeros((2, 3, 4, 4))},
+            artifacts={"missing": store / "nope.txt"},
+        )
+    assert run_id is not None
+    errors = _client(store).get_run(run_id).data.tags["gradinv.tracking_errors"]
+    assert "image batch" in errors and "nope.txt" in errors
+
+
+def test_tracking_off_creates_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GRADINV_TRACKING", "off")
+    tracking.init_store(tmp_path, EXP)
+    assert _log(tmp_path, "job/off") is None
+    monkeypatch.delenv("GRADINV_TRACKING")
+    assert (
+        tracking.log_run(
+            experiment=EXP,
+            run_name="r",
+            job_key="k",
+            params={},
+            metrics={},
+            project_root=tmp_path,
+            enabled=False,
+        )
+        is None
+    )
+    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "mlflow.db.lock").exists()
+
+
+def test_leaked_mlflow_run_id_is_ignored(store: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MLFLOW_RUN_ID", "0123456789abcdef0123456789abcdef")
+    first = _log(store, "job/1")
+    second = _log(store, "job/2")
+    assert first and second and first != second
+    assert "MLFLOW_RUN_ID" not in os.environ
+
+
+def test_provenance_without_git_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    info = tracking.provenance(tmp_path)
+    assert info["git_commit"] == "unknown" and info["git_dirty"] == "unknown"
+    assert info["torch"] == torch.__version__
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable at all
+    assert tracking.provenance(tmp_path)["git_commit"] == "unknown"
+    assert not any(v == os.uname().nodename for v in info.values())
+
+
+def test_provenance_in_git_repo(tmp_path: Path):
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("1")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    info = tracking.provenance(tmp_path)
+    assert len(info["git_commit"]) == 40 and info["git_dirty"] == "false"
+    (tmp_path / "f.txt").write_text("2")
+    assert tracking.provenance(tmp_path)["git_dirty"] == "true"
+
+
+def test_locked_database_is_retried(store: Path, monkeypatch: pytest.MonkeyPatch):
+    import sqlite3
+
+    calls = []
+
+    def flaky(client):
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("wrapped") from sqlite3.OperationalError("database is locked")
+        return "ok"
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    assert tracking._with_store(tracking.tracking_uri(store), flaky) == "ok"
+    assert len(calls) == 3
+    with pytest.raises(ValueError):  # a real error is not retried
+        tracking._with_store(tracking.tracking_uri(store), lambda c: calls.append(1) or int("x"))
+    assert len(calls) == 4

@@ -1,0 +1,32 @@
+rule attack:
+    input:
+        f"results/captures/{RUN}/victim{{victim}}.pt",
+    output:
+        f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
+    params:
+        settings=lambda w: job_settings(config, "attack", **w),
+    threads: config["threads_per_job"]
+    log:
+        f"results/logs/attack/{RUN}/{{attack}}/victim{{victim}}.log",
+    benchmark:
+        f"results/benchmarks/attack/{RUN}/{{attack}}/victim{{victim}}.tsv"
+    shell:
+        "gradinv attack --settings {params.settings:q} --capture {input} --out {output} "
+        "> {log} 2>&1"
+
+
+rule score:
+    input:
+        reconstruction=f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
+        victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
+    output:
+        f"results/metrics/{RUN}/{{attack}}/victim{{victim}}.json",
+    params:
+        settings=lambda w: job_settings(config, "score", **w),
+    threads: config["threads_per_job"]
+    log:
+        f"results/logs/score/{RUN}/{{attack}}/victim{{victim}}.log",
+    shell:
+        "gradinv score --settings {params.settings:q} --reconstruction {input.reconstruction} "
+        "--victim-file {input.victim} --out {output} --model {wildcards.model} "
+        "--round {wildcards.round} --victim {wildcards.victim} > {log} 2>&1"

@@ -1,0 +1,14 @@
+rule capture:
+    input:
+        checkpoint="results/checkpoints/{dataset}/{model}/{defense}/round{round}.pt",
+        victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
+    output:
+        f"results/captures/{RUN}/victim{{victim}}.pt",
+    params:
+        settings=lambda w: job_settings(config, "capture", **w),
+    threads: config["threads_per_job"]
+    log:
+        f"results/logs/capture/{RUN}/victim{{victim}}.log",
+    shell:
+        "gradinv capture --settings {params.settings:q} --checkpoint {input.checkpoint} "
+        "--victim-file {input.victim} --victim {wildcards.victim} --out {output} > {log} 2>&1"

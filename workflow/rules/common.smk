@@ -1,0 +1,37 @@
+# Path patterns and the input lists the report rule needs. No other logic lives here.
+
+wildcard_constraints:
+    dataset=r"[A-Za-z0-9_-]+",
+    model=r"[A-Za-z0-9_-]+",
+    defense=r"[A-Za-z0-9_-]+",
+    attack=r"[A-Za-z0-9_-]+",
+    round=r"\d+",
+    bs=r"\d+",
+    victim=r"\d+",
+
+
+RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
+
+
+def table_jobs(table, stage, ext):
+    """Every per-victim file of `stage` that table `table` aggregates."""
+    spec, cap = config["tables"][table], config["capture"]
+    return expand(
+        f"results/{stage}/{{dataset}}/{spec['model']}/{{defense}}/r{cap['round']}_b{cap['batch_size']}/{{attack}}/victim{{victim}}.{ext}",
+        dataset=spec["datasets"],
+        defense=spec["defenses"],
+        attack=spec["attacks"],
+        victim=range(cap["victims"]),
+    )
+
+
+def table_victims(table):
+    """The private batch behind each entry of table_jobs (same order)."""
+    spec, cap = config["tables"][table], config["capture"]
+    return [
+        f"results/victims/{d}/b{cap['batch_size']}/victim{v}.pt"
+        for d in spec["datasets"]
+        for _ in spec["defenses"]
+        for _ in spec["attacks"]
+        for v in range(cap["victims"])
+    ]

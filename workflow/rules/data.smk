@@ -1,0 +1,47 @@
+rule prepare_data:
+    output:
+        data="data/prepared/{dataset}.pt",
+        manifest="data/prepared/{dataset}.json",
+    params:
+        settings=lambda w: job_settings(config, "prepare", **w),
+        raw_dir=config["data"]["raw_dir"],
+    log:
+        "results/logs/prepare/{dataset}.log",
+    shell:
+        "gradinv prepare --settings {params.settings:q} --raw-dir {params.raw_dir} "
+        "--out {output.data} > {log} 2>&1"
+
+
+rule partition_data:
+    input:
+        "data/prepared/{dataset}.pt",
+    output:
+        "data/partitions/{dataset}.json",
+    params:
+        settings=lambda w: job_settings(config, "partition", **w),
+    log:
+        "results/logs/partition/{dataset}.log",
+    shell:
+        "gradinv partition --settings {params.settings:q} --dataset {wildcards.dataset} "
+        "--prepared-dir data/prepared --out {output} > {log} 2>&1"
+
+
+rule select_victim:
+    input:
+        "data/prepared/{dataset}.pt",
+    output:
+        "results/victims/{dataset}/b{bs}/victim{victim}.pt",
+    params:
+        stride=config["capture"]["victim_stride"],
+    log:
+        "results/logs/victims/{dataset}/b{bs}/victim{victim}.log",
+    shell:
+        "gradinv victim --dataset {wildcards.dataset} --prepared-dir data/prepared "
+        "--victim {wildcards.victim} --batch-size {wildcards.bs} --stride {params.stride} "
+        "--out {output} > {log} 2>&1"
+
+
+rule prepared_data:
+    # Every dataset a table uses (dvc.yaml's `data` stage builds this target).
+    input:
+        sorted({f"data/prepared/{d}.pt" for t in config["tables"].values() for d in t["datasets"]}),

@@ -1,0 +1,34 @@
+rule train:
+    input:
+        data="data/prepared/{dataset}.pt",
+        partition="data/partitions/{dataset}.json",
+    output:
+        checkpoints=expand(
+            "results/checkpoints/{{dataset}}/{{model}}/{{defense}}/round{r}.pt",
+            r=config["fl"]["checkpoint_rounds"],
+        ),
+        summary="results/train/{dataset}/{model}/{defense}/summary.json",
+    params:
+        settings=lambda w: job_settings(config, "train", **w),
+    threads: config["threads_per_job"]
+    log:
+        "results/logs/train/{dataset}/{model}/{defense}.log",
+    benchmark:
+        "results/benchmarks/train/{dataset}/{model}/{defense}.tsv"
+    shell:
+        "gradinv train --settings {params.settings:q} --prepared-dir data/prepared "
+        "--partition {input.partition} --checkpoints {output.checkpoints} "
+        "--summary {output.summary} > {log} 2>&1"
+
+
+rule trained_models:
+    # Every checkpoint a table uses (dvc.yaml's `train` stage builds this target).
+    input:
+        sorted(
+            {
+                f"results/train/{d}/{t['model']}/{f}/summary.json"
+                for t in config["tables"].values()
+                for d in t["datasets"]
+                for f in t["defenses"]
+            }
+        ),
