@@ -6,29 +6,16 @@
 #   report   paper tables, figures and the comparison with the published numbers
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-import os
-import sys
-from pathlib import Path
+from gradinv.config import job_settings
+from gradinv.pipeline import setup_environment, validated
 
-from snakemake.exceptions import WorkflowError
-
-from gradinv.config import job_settings, validate
-from gradinv.settings import ConfigError
-
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-os.environ.pop("MLFLOW_RUN_ID", None)
-# Jobs call `gradinv`; find it beside the Python that runs Snakemake, even if no venv is active.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+setup_environment(workflow.basedir)
 
 
 configfile: "params.yaml"
 
 
-try:
-    validate(config, source="params.yaml (with any --configfile overlays)")
-except ConfigError as err:
-    raise WorkflowError(str(err)) from None
+validated(config)
 
 
 include: "workflow/rules/common.smk"

@@ -89,17 +89,17 @@ def _cmd_report(a: argparse.Namespace) -> None:
 
 
 def _cmd_tracking_init(a: argparse.Namespace) -> None:
-    from gradinv.config import PROJECT_ROOT
+    from gradinv.config import project_root
     from gradinv.tracking import init_store
 
-    init_store(PROJECT_ROOT, a.experiment, enabled=a.enabled == "true")
+    init_store(project_root(), a.experiment, enabled=a.enabled == "true")
 
 
 def _cmd_mlflow_ui(a: argparse.Namespace) -> None:
-    from gradinv.config import PROJECT_ROOT
+    from gradinv.config import project_root
     from gradinv.tracking import mlflow_ui_command
 
-    print(mlflow_ui_command(PROJECT_ROOT))
+    print(mlflow_ui_command(project_root()))
 
 
 def parser() -> argparse.ArgumentParser:

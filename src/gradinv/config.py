@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,17 @@ import yaml
 
 from gradinv.settings import ConfigError, settings_schema
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (the package is installed editable)
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+
+
+def project_root() -> Path:
+    """Where the pipeline runs: the Snakefile's folder (set by the Snakefile), else the CWD.
+
+    Relative paths in params.yaml and the MLflow store resolve against it, so a copy of the
+    workflow in another folder (a test's tmp_path) keeps its results and its runs to itself.
+    """
+    return Path(os.environ.get("GRADINV_PROJECT_ROOT") or Path.cwd()).resolve()
 
 _NAMED = {"label": {"type": "string", "minLength": 1}}
 
@@ -115,7 +125,7 @@ def _check_references(config: dict[str, Any], source: str) -> None:
                               "defined under models.")
 
 
-def load(path: str | Path = PROJECT_ROOT / "params.yaml",
+def load(path: str | Path = "params.yaml",
          overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
     """Read ``path`` (and overlays, merged in order, as Snakemake's --configfile does); validate."""
     config: dict[str, Any] = {}

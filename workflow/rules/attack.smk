@@ -6,6 +6,8 @@ rule attack:
     params:
         settings=lambda w: job_settings(config, "attack", **w),
     threads: config["threads_per_job"]
+    conda:
+        "../../environment.yml"
     log:
         f"results/logs/attack/{RUN}/{{attack}}/victim{{victim}}.log",
     benchmark:
@@ -24,6 +26,8 @@ rule score:
     params:
         settings=lambda w: job_settings(config, "score", **w),
     threads: config["threads_per_job"]
+    conda:
+        "../../environment.yml"
     log:
         f"results/logs/score/{RUN}/{{attack}}/victim{{victim}}.log",
     shell:

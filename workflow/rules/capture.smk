@@ -7,6 +7,8 @@ rule capture:
     params:
         settings=lambda w: job_settings(config, "capture", **w),
     threads: config["threads_per_job"]
+    conda:
+        "../../environment.yml"
     log:
         f"results/logs/capture/{RUN}/victim{{victim}}.log",
     shell:

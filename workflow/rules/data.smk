@@ -5,6 +5,8 @@ rule prepare_data:
     params:
         settings=lambda w: job_settings(config, "prepare", **w),
         raw_dir=config["data"]["raw_dir"],
+    conda:
+        "../../environment.yml"
     log:
         "results/logs/prepare/{dataset}.log",
     shell:
@@ -19,6 +21,8 @@ rule partition_data:
         "data/partitions/{dataset}.json",
     params:
         settings=lambda w: job_settings(config, "partition", **w),
+    conda:
+        "../../environment.yml"
     log:
         "results/logs/partition/{dataset}.log",
     shell:
@@ -33,6 +37,8 @@ rule select_victim:
         "results/victims/{dataset}/b{bs}/victim{victim}.pt",
     params:
         stride=config["capture"]["victim_stride"],
+    conda:
+        "../../environment.yml"
     log:
         "results/logs/victims/{dataset}/b{bs}/victim{victim}.log",
     shell:

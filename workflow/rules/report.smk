@@ -11,6 +11,8 @@ rule report:
         grid="results/figures/{table}_grid.png",
     params:
         settings=lambda w: job_settings(config, "table", table=w.table),
+    conda:
+        "../../environment.yml"
     log:
         "results/logs/report/{table}.log",
     shell:

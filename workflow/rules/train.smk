@@ -11,6 +11,8 @@ rule train:
     params:
         settings=lambda w: job_settings(config, "train", **w),
     threads: config["threads_per_job"]
+    conda:
+        "../../environment.yml"
     log:
         "results/logs/train/{dataset}/{model}/{defense}.log",
     benchmark:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gradinv.config import PROJECT_ROOT
+from gradinv.config import REPO_ROOT, project_root
 from gradinv.io import sha256_json
 from gradinv.protocol import ModelSpec
 
@@ -36,7 +36,7 @@ def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
     """What produced a result: git commit, config hash, data hash, seed."""
     from gradinv.tracking import provenance
 
-    prov = provenance(PROJECT_ROOT)
+    prov = provenance(REPO_ROOT)  # the code that ran, wherever it ran
     return {"git_commit": prov.get("git_commit", "unknown"), "git_dirty": prov.get("git_dirty"),
             "config_hash": sha256_json(settings), "data_sha256": data_sha256,
             "seed": settings["seed"], "scale": settings["scale"]}
@@ -44,4 +44,4 @@ def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
 
 def project_path(path: str | Path) -> Path:
     path = Path(path)
-    return path if path.is_absolute() else PROJECT_ROOT / path
+    return path if path.is_absolute() else project_root() / path

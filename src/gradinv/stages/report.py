@@ -30,10 +30,17 @@ def run(settings: dict[str, Any], metric_files: list[Path], reconstructions: lis
         "seed": settings["seed"],
     }
     reference = spec["reference"]
+    note = ""
+    if settings["scale"] == "embedded":
+        cap = settings["capture"]
+        runs = "; ".join(f"{cfg['label']}: {cfg.get('restarts', 1)} restart(s) x "
+                         f"{cfg.get('iterations', '?')} iterations"
+                         for cfg in attack_cfgs.values())
+        note = (f"{spec['scaled_down_note'].strip()} This run: {cap['victims']} victims, "
+                f"batch size {cap['batch_size']}, round {cap['round']}; {runs}.")
     render_table(name, metric_files, out_dir, attacks=spec["attacks"], defenses=spec["defenses"],
                  datasets=spec["datasets"], setting=setting,
-                 scaled_down_note=spec["scaled_down_note"] if settings["scale"] == "embedded"
-                 else "", reference_csv=project_path(reference) if reference else None,
+                 scaled_down_note=note, reference_csv=project_path(reference) if reference else None,
                  title=spec["title"], reproduces=spec["title"].split(":")[0])
     _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gradinv.config import PROJECT_ROOT
+from gradinv.config import project_root
 
 
 def log_job(settings: dict[str, Any], *, kind: str, run_name: str, job_key: str,
@@ -26,4 +26,4 @@ def log_job(settings: dict[str, Any], *, kind: str, run_name: str, job_key: str,
                    params=params, metrics=metrics, history=history, tags=tags,
                    images=images, artifacts=artifacts,
                    status="FINISHED" if summary.get("status", "ok") == "ok" else "FAILED",
-                   project_root=PROJECT_ROOT, enabled=tracking["enabled"])
+                   project_root=project_root(), enabled=tracking["enabled"])

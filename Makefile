@@ -1,0 +1,52 @@
+# gradinv: `make table1` reproduces CENSOR's Table I (embedded scale); `make test` runs the tests.
+# Both create the project's virtual environment (.venv) first if it is missing.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch and torchvision must come as a matching pair (a torchvision built for another torch fails
+# to import); pip installs these two together, before anything else can pull in another torch.
+TORCH := torch==2.14.1 torchvision==0.29.1
+CORES ?= all
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: env table1 all test test-fast lint dryrun mlflow-ui clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[all]" $(TORCH)
+	$(BIN)/python -m pip check
+	$(BIN)/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	touch $@
+
+table1: env
+	$(BIN)/snakemake results/table1.csv --cores $(CORES)
+
+all: env
+	$(BIN)/snakemake --cores $(CORES)
+
+test: env
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+
+test-fast: env
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q -m "not slow"
+
+lint: env
+	$(BIN)/ruff check src tests
+	$(BIN)/snakemake --lint
+
+dryrun: env
+	$(BIN)/snakemake -n results/table1.csv
+	$(BIN)/snakemake -n results/table1.csv --configfile workflow/configs/paper.yaml
+
+mlflow-ui: env
+	$$($(BIN)/gradinv mlflow-ui)
+
+clean:
+	rm -rf results/* .snakemake && touch results/.gitkeep
