@@ -7,8 +7,8 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.pop("MLFLOW_RUN_ID", None)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 

@@ -25,17 +25,33 @@ MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 def photo_patch(size: int) -> torch.Tensor:
     """A real photograph (scikit-image's cat), cut to a size x size patch in [0, 1]."""
     img = transform.resize(data.chelsea(), (4 * size, 4 * size), anti_aliasing=True)
-    return torch.tensor(img[size:2 * size, size:2 * size], dtype=torch.float32).permute(2, 0, 1)
+    return torch.tensor(img[size : 2 * size, size : 2 * size], dtype=torch.float32).permute(2, 0, 1)
 
 
-def capture(model_name: str, images: torch.Tensor, labels: torch.Tensor, known: bool = False,
-            settings: dict | None = None):
+def capture(
+    model_name: str,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    known: bool = False,
+    settings: dict | None = None,
+):
     size = images.shape[-1]
     spec = ModelSpec(model_name, 10, 3, size, settings or {})
     model = build_model(spec, seed=0).eval()
     grads = gradients_of(model, normalize(images, MEAN, STD), labels, F.cross_entropy)
-    meta = PublicMeta("test", len(labels), tuple(images.shape[1:]), 10, MEAN, STD, "eval",
-                      "none", "none", {}, labels=tuple(labels.tolist()) if known else None)
+    meta = PublicMeta(
+        "test",
+        len(labels),
+        tuple(images.shape[1:]),
+        10,
+        MEAN,
+        STD,
+        "eval",
+        "none",
+        "none",
+        {},
+        labels=tuple(labels.tolist()) if known else None,
+    )
     update = SharedUpdate({k: v.detach() for k, v in grads.items()}, "gradient", meta)
     return ServerMessage(spec, model.state_dict(), 0), update
 
@@ -67,8 +83,9 @@ def test_inverting_gradients_reconstructs_a_tiny_case():
     """Undefended IG recovers a 16x16 photograph from a small CNN's gradient (> 25 dB)."""
     x = photo_patch(16)[None]
     server, update = capture("cnn3", x, torch.tensor([2]))
-    attack = build_attack("inverting_gradients", {"iterations": 1000, "restarts": 1},
-                          ThreatModel(), where="a")
+    attack = build_attack(
+        "inverting_gradients", {"iterations": 1000, "restarts": 1}, ThreatModel(), where="a"
+    )
     result = attack.reconstruct(server, update, torch.Generator().manual_seed(0))
     assert psnr(result.images, x) > 25
 
@@ -76,49 +93,64 @@ def test_inverting_gradients_reconstructs_a_tiny_case():
 def test_a_stronger_defense_hurts_the_reconstruction():
     x = photo_patch(16)[None]
     server, update = capture("cnn3", x, torch.tensor([2]))
-    noisy = {k: v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
-             for k, v in update.tensors.items()}
-    attack = build_attack("inverting_gradients", {"iterations": 300, "restarts": 1},
-                          ThreatModel(labels="known"), where="a")
+    noisy = {
+        k: v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
+        for k, v in update.tensors.items()
+    }
+    attack = build_attack(
+        "inverting_gradients",
+        {"iterations": 300, "restarts": 1},
+        ThreatModel(labels="known"),
+        where="a",
+    )
     meta = PublicMeta(**{**update.meta.__dict__, "labels": (2,)})
-    clean = attack.reconstruct(server, SharedUpdate(update.tensors, "gradient", meta),
-                               torch.Generator().manual_seed(0))
-    defended = attack.reconstruct(server, SharedUpdate(noisy, "gradient", meta),
-                                  torch.Generator().manual_seed(0))
+    clean = attack.reconstruct(
+        server, SharedUpdate(update.tensors, "gradient", meta), torch.Generator().manual_seed(0)
+    )
+    defended = attack.reconstruct(
+        server, SharedUpdate(noisy, "gradient", meta), torch.Generator().manual_seed(0)
+    )
     assert psnr(clean.images, x) > psnr(defended.images, x) + 3
 
 
 def test_known_labels_need_labels_in_the_capture():
     server, update = capture("cnn3", photo_patch(16)[None], torch.tensor([1]))
-    attack = build_attack("inverting_gradients", {"iterations": 1}, ThreatModel(labels="known"),
-                          where="a")
+    attack = build_attack(
+        "inverting_gradients", {"iterations": 1}, ThreatModel(labels="known"), where="a"
+    )
     with pytest.raises(AttackFailed, match="carries none"):
         attack.reconstruct(server, update, torch.Generator())
 
 
 def test_idlg_recovers_the_label_of_one_image():
     for label in range(10):
-        server, update = capture("resnet18", torch.rand(1, 3, 16, 16), torch.tensor([label]),
-                                 settings={"width": 8})
+        _server, update = capture(
+            "resnet18", torch.rand(1, 3, 16, 16), torch.tensor([label]), settings={"width": 8}
+        )
         assert infer_labels(update.tensors["fc.weight"], 1).tolist() == [label]
 
 
 def test_row_rule_recovers_distinct_labels_of_a_batch():
     labels = torch.tensor([7, 1, 4, 9])
-    server, update = capture("resnet18", torch.rand(4, 3, 16, 16), labels, settings={"width": 8})
+    _server, update = capture("resnet18", torch.rand(4, 3, 16, 16), labels, settings={"width": 8})
     assert infer_labels(update.tensors["fc.weight"], 4).tolist() == [1, 4, 7, 9]
 
 
 def test_non_finite_loss_fails_the_attack_loudly():
     server, update = capture("cnn3", photo_patch(16)[None], torch.tensor([1]))
-    broken = SharedUpdate({k: torch.full_like(v, float("nan")) for k, v in update.tensors.items()},
-                          "gradient", update.meta)
-    attack = build_attack("inverting_gradients", {"iterations": 5}, ThreatModel(labels="known"),
-                          where="a")
+    broken = SharedUpdate(
+        {k: torch.full_like(v, float("nan")) for k, v in update.tensors.items()},
+        "gradient",
+        update.meta,
+    )
+    attack = build_attack(
+        "inverting_gradients", {"iterations": 5}, ThreatModel(labels="known"), where="a"
+    )
     meta = PublicMeta(**{**update.meta.__dict__, "labels": (1,)})
     with pytest.raises(AttackFailed, match="non-finite"):
-        attack.reconstruct(server, SharedUpdate(broken.tensors, "gradient", meta),
-                           torch.Generator())
+        attack.reconstruct(
+            server, SharedUpdate(broken.tensors, "gradient", meta), torch.Generator()
+        )
 
 
 def test_private_batch_rejects_mismatched_shapes():

@@ -40,28 +40,64 @@ def test_the_shipped_params_and_overlay_are_valid():
 @pytest.mark.parametrize(
     ("cfg", "message"),
     [
-        (broken("defenses.noise.std", rename="stdd"), r"defenses.noise.stdd: unknown key; did you mean 'std'"),
-        (broken("defenses.noise.std", -0.1), r"defenses.noise.std: -0.1 is out of range; it must be >= 0"),
+        (
+            broken("defenses.noise.std", rename="stdd"),
+            r"defenses.noise.stdd: unknown key; did you mean 'std'",
+        ),
+        (
+            broken("defenses.noise.std", -0.1),
+            r"defenses.noise.std: -0.1 is out of range; it must be >= 0",
+        ),
         (broken("fl.rouns", 3), r"fl.rouns: unknown key; did you mean 'rounds'"),
         (broken("seed", "zero"), r"seed: 'zero' has the wrong type; expected integer"),
         (broken("capture.victims", 0), r"capture.victims: 0 is out of range; it must be >= 1"),
-        (broken("defenses.noise.kind", "gausian_noise"), r"defenses.noise.kind: 'gausian_noise' is not one of .*Did you mean 'gaussian_noise'"),
+        (
+            broken("defenses.noise.kind", "gausian_noise"),
+            r"defenses.noise.kind: 'gausian_noise' is not one of .*Did you mean 'gaussian_noise'",
+        ),
         (broken("attacks.ig.iterations", 2.5), r"attacks.ig.iterations: 2.5 has the wrong type"),
         (broken("attacks.ig.lr", 0), r"attacks.ig.lr: 0 is out of range; it must be > 0"),
         (broken("fl.protocol", "fedprox"), r"fl.protocol: 'fedprox' is not one of fedsgd, fedavg"),
         (broken("threat_model.labels", "guess"), r"threat_model.labels: 'guess' is not one of"),
-        (broken("data.sources.patches.image_size", 4), r"data.sources.patches.image_size: 4 is out of range"),
-        (broken("data.sources.mnst", {"label": "x"}), r"data.sources.mnst: unknown key; did you mean 'mnist'"),
-        (broken("defenses.sparsi.prune", 1.5), r"defenses.sparsi.prune: 1.5 is out of range; it must be <= 1"),
-        (broken("defenses.clipping.scope", "layer"), r"defenses.clipping.scope: 'layer' is not one of"),
-        (broken("metrics.lpips_net", "resnet"), r"metrics.lpips_net: 'resnet' is not one of vgg, alex"),
-        (broken("tables.table1.defenses", ["none", "censor"]), r"tables.table1.defenses: 'censor' is not defined under defenses"),
-        (broken("tables.table1.model", "vgg"), r"tables.table1.model: 'vgg' is not defined under models"),
+        (
+            broken("data.sources.patches.image_size", 4),
+            r"data.sources.patches.image_size: 4 is out of range",
+        ),
+        (
+            broken("data.sources.mnst", {"label": "x"}),
+            r"data.sources.mnst: unknown key; did you mean 'mnist'",
+        ),
+        (
+            broken("defenses.sparsi.prune", 1.5),
+            r"defenses.sparsi.prune: 1.5 is out of range; it must be <= 1",
+        ),
+        (
+            broken("defenses.clipping.scope", "layer"),
+            r"defenses.clipping.scope: 'layer' is not one of",
+        ),
+        (
+            broken("metrics.lpips_net", "resnet"),
+            r"metrics.lpips_net: 'resnet' is not one of vgg, alex",
+        ),
+        (
+            broken("tables.table1.defenses", ["none", "censor"]),
+            r"tables.table1.defenses: 'censor' is not defined under defenses",
+        ),
+        (
+            broken("tables.table1.model", "vgg"),
+            r"tables.table1.model: 'vgg' is not defined under models",
+        ),
         (broken("scale", "huge"), r"scale: 'huge' is not one of embedded, paper"),
         (broken("partition.num_clients", -1), r"partition.num_clients: -1 is out of range"),
-        (broken("models.resnet18.width", 4), r"models.resnet18.width: 4 is out of range; it must be >= 8"),
+        (
+            broken("models.resnet18.width", 4),
+            r"models.resnet18.width: 4 is out of range; it must be >= 8",
+        ),
         (broken("tracking", delete=True), r"'tracking' is a required property"),
-        (broken("defenses.noise.label", delete=True), r"defenses.noise: 'label' is a required property"),
+        (
+            broken("defenses.noise.label", delete=True),
+            r"defenses.noise: 'label' is a required property",
+        ),
     ],
 )
 def test_bad_configurations_fail_with_a_message_naming_the_key(cfg, message):
@@ -82,14 +118,18 @@ def test_job_settings_are_canonical_and_minimal():
     assert a == b
     changed = broken("defenses.noise.std", 0.5)
     assert job_settings(changed, "attack", attack="ig") == a  # the attack does not read it
-    assert job_settings(changed, "train", dataset="patches", model="resnet18", defense="noise") \
-        != job_settings(PARAMS, "train", dataset="patches", model="resnet18", defense="noise")
+    assert job_settings(
+        changed, "train", dataset="patches", model="resnet18", defense="noise"
+    ) != job_settings(PARAMS, "train", dataset="patches", model="resnet18", defense="noise")
 
 
 def test_cli_reports_a_misspelled_key_and_exits_2(tmp_path):
     bad = tmp_path / "params.yaml"
     bad.write_text(yaml.safe_dump(broken("defenses.noise.std", rename="stdd")))
-    proc = subprocess.run([sys.executable, "-m", "gradinv.cli", "validate", "--params", str(bad)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradinv.cli", "validate", "--params", str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert "defenses.noise.stdd: unknown key; did you mean 'std'" in proc.stderr

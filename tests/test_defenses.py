@@ -55,8 +55,9 @@ def test_every_defense_settings_are_frozen_and_validated(kind):
 def test_no_defense_shares_the_true_gradient():
     model, x, y = _setup()
     true = gradients_of(model, x, y, F.cross_entropy)
-    shared = build_defense("none", {}, "d").shared_update(model, x, y, F.cross_entropy,
-                                                          torch.Generator())
+    shared = build_defense("none", {}, "d").shared_update(
+        model, x, y, F.cross_entropy, torch.Generator()
+    )
     assert all(torch.equal(true[n], shared[n]) for n in true)
 
 
@@ -77,11 +78,13 @@ def test_per_layer_clipping_bounds_each_tensor():
     model, x, y = _setup()
     true = gradients_of(model, x, y, F.cross_entropy)
     shared = build_defense("clipping", {"bound": 0.05, "scope": "per_layer"}, "d").transform(
-        true, torch.Generator())
+        true, torch.Generator()
+    )
     for n in true:
         assert shared[n].norm() <= 0.05 * (1 + 1e-5)
-        assert torch.isclose(shared[n].norm(), torch.minimum(true[n].norm(), torch.tensor(0.05)),
-                             rtol=1e-4)
+        assert torch.isclose(
+            shared[n].norm(), torch.minimum(true[n].norm(), torch.tensor(0.05)), rtol=1e-4
+        )
 
 
 @pytest.mark.parametrize("prune", [0.0, 0.2, 0.5, 0.9, 1.0])
@@ -104,7 +107,8 @@ def test_sparsification_zeroes_the_smallest_entries_of_every_tensor():
     model, x, y = _setup()
     true = gradients_of(model, x, y, F.cross_entropy)
     shared = build_defense("sparsification", {"prune": 0.3, "rule": "top_k"}, "d").transform(
-        true, torch.Generator())
+        true, torch.Generator()
+    )
     for n, g in true.items():
         assert (shared[n] != 0).sum().item() <= round(0.7 * g.numel())
         assert torch.equal(shared[n][shared[n] != 0], g[shared[n] != 0])
@@ -113,7 +117,8 @@ def test_sparsification_zeroes_the_smallest_entries_of_every_tensor():
 def test_gaussian_noise_has_the_configured_std():
     grads = {"w": torch.zeros(200_000)}
     shared = build_defense("gaussian_noise", {"std": 0.05}, "d").transform(
-        grads, torch.Generator().manual_seed(0))
+        grads, torch.Generator().manual_seed(0)
+    )
     assert abs(shared["w"].std().item() - 0.05) < 0.001
     assert abs(shared["w"].mean().item()) < 0.001
 

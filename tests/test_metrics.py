@@ -33,8 +33,12 @@ from gradinv.registry import RegistryError
 from gradinv.settings import ConfigError, from_mapping, settings_schema
 
 ALL_METRICS = METRICS.available()
-LABELS = {"mse": ("MSE", "up"), "psnr": ("PSNR", "down"), "ssim": ("SSIM", "down"),
-          "lpips": ("LPIPS", "up")}
+LABELS = {
+    "mse": ("MSE", "up"),
+    "psnr": ("PSNR", "down"),
+    "ssim": ("SSIM", "down"),
+    "lpips": ("LPIPS", "up"),
+}
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -58,8 +62,10 @@ def fake_alexnet(tmp_path_factory) -> tuple[Path, str]:
     """A torchvision-layout AlexNet checkpoint (features only) with random weights."""
     gen = torch.Generator().manual_seed(1)
     features = torchvision.models.alexnet(weights=None).features
-    state = {f"features.{k}": torch.randn(v.shape, generator=gen) * 0.05
-             for k, v in features.state_dict().items()}
+    state = {
+        f"features.{k}": torch.randn(v.shape, generator=gen) * 0.05
+        for k, v in features.state_dict().items()
+    }
     tmp = tmp_path_factory.mktemp("weights") / "alexnet.pth"
     torch.save(state, tmp)
     prefix = sha256_file(tmp)[:8]
@@ -147,8 +153,7 @@ def test_mse_and_psnr_against_hand_computed_values():
 def test_mse_averages_over_channels():
     recon = torch.zeros(1, 3, 2, 2)
     recon[0, 0] = 1.0  # one channel of three fully wrong: MSE 1/3
-    out = score(recon, torch.zeros_like(recon), metrics=["mse", "psnr"],
-                settings=MetricSettings())
+    out = score(recon, torch.zeros_like(recon), metrics=["mse", "psnr"], settings=MetricSettings())
     assert out["mse"] == pytest.approx(1 / 3)
     assert out["psnr"] == pytest.approx(10 * math.log10(3))
 
@@ -185,19 +190,25 @@ def ssim_reference(x: np.ndarray, y: np.ndarray, zero_pad: bool) -> float:
     vals = []
     for i in range(r, x.shape[0] - r):
         for j in range(r, x.shape[1] - r):
-            px, py = x[i - r:i + r + 1, j - r:j + r + 1], y[i - r:i + r + 1, j - r:j + r + 1]
+            px, py = (
+                x[i - r : i + r + 1, j - r : j + r + 1],
+                y[i - r : i + r + 1, j - r : j + r + 1],
+            )
             mx, my = (w * px).sum(), (w * py).sum()
             vx, vy = (w * (px - mx) ** 2).sum(), (w * (py - my) ** 2).sum()
             cxy = (w * (px - mx) * (py - my)).sum()
-            vals.append((2 * mx * my + c1) * (2 * cxy + c2)
-                        / ((mx**2 + my**2 + c1) * (vx + vy + c2)))
+            vals.append(
+                (2 * mx * my + c1) * (2 * cxy + c2) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+            )
     return float(np.mean(vals))
 
 
 def ssim_reference_batch(recon, orig, zero_pad):
     a, b = recon.double().numpy(), orig.double().numpy()
-    return [np.mean([ssim_reference(a[n, c], b[n, c], zero_pad) for c in range(a.shape[1])])
-            for n in range(a.shape[0])]
+    return [
+        np.mean([ssim_reference(a[n, c], b[n, c], zero_pad) for c in range(a.shape[1])])
+        for n in range(a.shape[0])
+    ]
 
 
 @pytest.mark.parametrize("impl", ["skimage", "censor_code"])
@@ -229,8 +240,14 @@ def test_normalized_space_needs_mean_and_std():
     with pytest.raises(ValueError, match="mean and std"):
         score(x, x, metrics=["ssim"], settings=MetricSettings(space="normalized"))
     with pytest.raises(ValueError, match="one entry per channel"):
-        score(x, x, metrics=["ssim"], settings=MetricSettings(space="normalized"),
-              mean=(0.5,), std=(0.5,))
+        score(
+            x,
+            x,
+            metrics=["ssim"],
+            settings=MetricSettings(space="normalized"),
+            mean=(0.5,),
+            std=(0.5,),
+        )
 
 
 def test_ssim_rejects_images_smaller_than_its_window():
@@ -265,8 +282,10 @@ def test_score_matches_before_scoring_unless_told_not_to():
 
 def test_matching_on_lpips_fails_loudly_when_lpips_is_unavailable():
     x = images(n=2)
-    with pytest.raises(RuntimeError, match="cannot match on lpips"), \
-            pytest.warns(LPIPSUnavailableWarning):
+    with (
+        pytest.raises(RuntimeError, match="cannot match on lpips"),
+        pytest.warns(LPIPSUnavailableWarning),
+    ):
         score(x, x, metrics=["mse"], settings=MetricSettings(match_cost="lpips"))
 
 
@@ -278,7 +297,8 @@ def test_backbone_names_are_those_of_the_installed_torchvision():
     assert (vgg.filename, vgg.hash_prefix) == ("vgg16-397923af.pth", "397923af")
     assert (alex.filename, alex.hash_prefix) == ("alexnet-owt-7be5be79.pth", "7be5be79")
     assert Path(torch.hub.get_dir()) / "checkpoints" / vgg.filename == (
-        lpips_metric.hub_checkpoint_path(vgg))
+        lpips_metric.hub_checkpoint_path(vgg)
+    )
 
 
 def test_lpips_without_weights_is_unavailable_and_never_builds_a_network(monkeypatch, caplog):
@@ -287,8 +307,10 @@ def test_lpips_without_weights_is_unavailable_and_never_builds_a_network(monkeyp
 
     monkeypatch.setattr(lpips_metric.lpips, "LPIPS", no_build)
     x = images(n=2)
-    with pytest.warns(LPIPSUnavailableWarning, match="vgg16-397923af.pth"), \
-            caplog.at_level(logging.WARNING):
+    with (
+        pytest.warns(LPIPSUnavailableWarning, match="vgg16-397923af.pth"),
+        caplog.at_level(logging.WARNING),
+    ):
         out = score(x, perturb(x, 0.1), metrics=["psnr", "lpips"], settings=MetricSettings())
     assert out["lpips"] is None and out["lpips_per_image"] is None
     status = out["lpips_status"]
@@ -341,8 +363,7 @@ def test_lpips_loads_a_verified_backbone_from_the_hub_cache(lpips_settings, fake
 def test_lpips_network_is_built_once_per_process(lpips_settings, monkeypatch):
     calls = []
     real = lpips_metric.build_network
-    monkeypatch.setattr(lpips_metric, "build_network",
-                        lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(lpips_metric, "build_network", lambda *a: calls.append(a) or real(*a))
     monkeypatch.setattr(lpips_metric, "_NETWORKS", {})
     x = images(n=2)
     for _ in range(3):
@@ -378,13 +399,16 @@ def test_lpips_repeats_grey_images_to_three_channels(lpips_settings):
 # --------------------------------------------------------------------------- label accuracy
 
 
-@pytest.mark.parametrize(("predicted", "true", "expected"), [
-    ([3, 1, 2], [1, 2, 3], 1.0),          # order does not matter
-    ([1, 2, 2], [1, 1, 2], 2 / 3),        # multiset: one of the two 1s is missed
-    ([5], [4], 0.0),
-    ([7, 7, 7, 7], [7, 0, 7, 1], 0.5),
-    (torch.tensor([2, 0]), torch.tensor([0, 2]), 1.0),
-])
+@pytest.mark.parametrize(
+    ("predicted", "true", "expected"),
+    [
+        ([3, 1, 2], [1, 2, 3], 1.0),  # order does not matter
+        ([1, 2, 2], [1, 1, 2], 2 / 3),  # multiset: one of the two 1s is missed
+        ([5], [4], 0.0),
+        ([7, 7, 7, 7], [7, 0, 7, 1], 0.5),
+        (torch.tensor([2, 0]), torch.tensor([0, 2]), 1.0),
+    ],
+)
 def test_label_accuracy(predicted, true, expected):
     assert label_accuracy(predicted, true) == pytest.approx(expected)
 
@@ -411,13 +435,16 @@ def test_score_label_accuracy():
 # ------------------------------------------------------------------------ inputs and settings
 
 
-@pytest.mark.parametrize(("recon", "match"), [
-    (torch.full((1, 3, 16, 16), 1.5), "clamp"),
-    (torch.full((1, 3, 16, 16), float("nan")), "NaN"),
-    (torch.zeros(1, 3, 8, 8), "differ in shape"),
-    (torch.zeros(1, 2, 16, 16), "C in"),
-    (torch.zeros(3, 16, 16), "shape"),
-])
+@pytest.mark.parametrize(
+    ("recon", "match"),
+    [
+        (torch.full((1, 3, 16, 16), 1.5), "clamp"),
+        (torch.full((1, 3, 16, 16), float("nan")), "NaN"),
+        (torch.zeros(1, 3, 8, 8), "differ in shape"),
+        (torch.zeros(1, 2, 16, 16), "C in"),
+        (torch.zeros(3, 16, 16), "shape"),
+    ],
+)
 def test_score_rejects_invalid_images(recon, match):
     with pytest.raises(ValueError, match=match):
         score(recon, torch.zeros(1, 3, 16, 16), metrics=["mse"], settings=MetricSettings())

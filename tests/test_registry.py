@@ -22,8 +22,9 @@ def test_unknown_name_suggests_close_matches():
         reg.get("gausian_noise")
 
 
-@pytest.mark.parametrize("registry", [DATASETS, MODELS, DEFENSES, ATTACKS, METRICS],
-                         ids=lambda r: r.kind)
+@pytest.mark.parametrize(
+    "registry", [DATASETS, MODELS, DEFENSES, ATTACKS, METRICS], ids=lambda r: r.kind
+)
 def test_every_registry_is_filled_on_import(registry):
     assert len(registry) >= 1
     for name in registry:

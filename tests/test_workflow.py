@@ -18,8 +18,9 @@ PAPER = "workflow/configs/paper.yaml"
 
 def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def workflow_copy(tmp_path: Path) -> Path:
@@ -45,10 +46,22 @@ def test_dry_run_builds_the_table1_dag(tmp_path, overlay):
 
 def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
     root = workflow_copy(tmp_path)
-    proc = snakemake("-n", "results/table1.csv", "--cores", "1", "--configfile", PAPER,
-                     "--quiet", "rules", cwd=root)
-    counts = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()
-              if len(line.split()) == 2 and line.split()[1].isdigit()}
+    proc = snakemake(
+        "-n",
+        "results/table1.csv",
+        "--cores",
+        "1",
+        "--configfile",
+        PAPER,
+        "--quiet",
+        "rules",
+        cwd=root,
+    )
+    counts = {
+        line.split()[0]: int(line.split()[1])
+        for line in proc.stdout.splitlines()
+        if len(line.split()) == 2 and line.split()[1].isdigit()
+    }
     assert counts["attack"] == 3 * 4 * 10  # datasets x defenses x victims
     assert counts["train"] == 3 * 4
 
@@ -74,8 +87,15 @@ def test_a_bad_config_stops_snakemake_before_any_job(tmp_path):
 def test_tiny_end_to_end_run(tmp_path):
     """The whole pipeline on a tiny overlay: table shape, sanity, one MLflow run per job."""
     root = workflow_copy(tmp_path)
-    proc = snakemake("results/table1.csv", "--cores", "2", "--configfile",
-                     "tests/configs/tiny.yaml", cwd=root, timeout=900)
+    proc = snakemake(
+        "results/table1.csv",
+        "--cores",
+        "2",
+        "--configfile",
+        "tests/configs/tiny.yaml",
+        cwd=root,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = list(csv.DictReader((root / "results/table1.csv").open()))
     assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi"]
@@ -89,7 +109,7 @@ def test_tiny_end_to_end_run(tmp_path):
     assert "LPIPS UNAVAILABLE" in md  # no backbone weights on this machine: loud, never faked
     for name in ("table1_vs_paper.csv", "figures/table1.png", "figures/table1_grid.png"):
         assert (root / "results" / name).stat().st_size > 0
-    capture = root / "results/captures/patches/resnet18/none/r0_b1/victim0.pt"
+    capture = root / "results/captures/patches/cnn3/none/r0_b1/victim0.pt"
     import torch
 
     shared = torch.load(capture, weights_only=True)
@@ -102,6 +122,7 @@ def test_tiny_end_to_end_run(tmp_path):
         ).fetchall()
     assert dict(runs) == {"train": 4, "attack": 8}
     # A second run has nothing to do: finished jobs are not recomputed.
-    again = snakemake("results/table1.csv", "--cores", "2", "--configfile",
-                      "tests/configs/tiny.yaml", cwd=root)
+    again = snakemake(
+        "results/table1.csv", "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=root
+    )
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -52,8 +52,9 @@ def _cmd_train(a: argparse.Namespace) -> None:
     for path in a.checkpoints:
         stem = Path(path).stem  # round<N>
         checkpoints[int(stem.removeprefix("round"))] = Path(path)
-    run(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), checkpoints,
-        Path(a.summary))
+    run(
+        _settings(a.settings), Path(a.prepared_dir), Path(a.partition), checkpoints, Path(a.summary)
+    )
 
 
 def _cmd_victim(a: argparse.Namespace) -> None:
@@ -77,15 +78,27 @@ def _cmd_attack(a: argparse.Namespace) -> None:
 def _cmd_score(a: argparse.Namespace) -> None:
     from gradinv.stages.score import run
 
-    run(_settings(a.settings), Path(a.reconstruction), Path(a.victim_file), Path(a.out),
-        model=a.model, round=a.round, victim=a.victim)
+    run(
+        _settings(a.settings),
+        Path(a.reconstruction),
+        Path(a.victim_file),
+        Path(a.out),
+        model=a.model,
+        round=a.round,
+        victim=a.victim,
+    )
 
 
 def _cmd_report(a: argparse.Namespace) -> None:
     from gradinv.stages.report import run
 
-    run(_settings(a.settings), [Path(p) for p in a.metrics], [Path(p) for p in a.reconstructions],
-        [Path(p) for p in a.victims], Path(a.out_dir))
+    run(
+        _settings(a.settings),
+        [Path(p) for p in a.metrics],
+        [Path(p) for p in a.reconstructions],
+        [Path(p) for p in a.victims],
+        Path(a.out_dir),
+    )
 
 
 def _cmd_tracking_init(a: argparse.Namespace) -> None:

@@ -36,6 +36,7 @@ def project_root() -> Path:
     """
     return Path(os.environ.get("GRADINV_PROJECT_ROOT") or Path.cwd()).resolve()
 
+
 _NAMED = {"label": {"type": "string", "minLength": 1}}
 
 
@@ -53,18 +54,25 @@ def full_schema() -> dict[str, Any]:
     """The static schema plus one sub-schema per registered method."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     regs = _registries()
-    sources = {name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
-               for name in regs["datasets"]}
+    sources = {
+        name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
+        for name in regs["datasets"]
+    }
     schema["properties"]["data"]["properties"]["sources"] |= {
-        "properties": sources, "additionalProperties": False}
+        "properties": sources,
+        "additionalProperties": False,
+    }
     for section in ("models", "defenses", "attacks"):
         reg = regs[section]
         instance = schema["properties"][section]["additionalProperties"]
         instance["properties"]["kind"] = {"enum": reg.available()}
         instance["allOf"] = [
-            {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-             "then": settings_schema(reg.get(kind).Settings,
-                                     {"kind": {"const": kind}, **_NAMED})}
+            {
+                "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                "then": settings_schema(
+                    reg.get(kind).Settings, {"kind": {"const": kind}, **_NAMED}
+                ),
+            }
             for kind in reg.available()
         ]
     return schema
@@ -83,13 +91,18 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "enum":
         close = difflib.get_close_matches(str(error.instance), map(str, error.validator_value))
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        return (f"{where}: {error.instance!r} is not one of "
-                f"{', '.join(map(str, error.validator_value))}.{hint}")
+        return (
+            f"{where}: {error.instance!r} is not one of "
+            f"{', '.join(map(str, error.validator_value))}.{hint}"
+        )
     if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        word = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
-                "exclusiveMaximum": "<"}[error.validator]
-        return (f"{where}: {error.instance!r} is out of range; it must be {word} "
-                f"{error.validator_value}.")
+        word = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[
+            error.validator
+        ]
+        return (
+            f"{where}: {error.instance!r} is out of range; it must be {word} "
+            f"{error.validator_value}."
+        )
     if error.validator == "type":
         return f"{where}: {error.instance!r} has the wrong type; expected {error.validator_value}."
     return f"{where}: {error.message}"
@@ -111,22 +124,27 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
 def _check_references(config: dict[str, Any], source: str) -> None:
     """Names used in ``tables`` must be defined in their sections."""
     for table, spec in config["tables"].items():
-        for key, section in (("datasets", config["data"]["sources"]),
-                             ("defenses", config["defenses"]), ("attacks", config["attacks"])):
+        for key, section in (
+            ("datasets", config["data"]["sources"]),
+            ("defenses", config["defenses"]),
+            ("attacks", config["attacks"]),
+        ):
             for name in spec[key]:
                 if name not in section:
                     close = difflib.get_close_matches(name, section, n=1)
                     hint = f" Did you mean {close[0]!r}?" if close else ""
                     where = "data.sources" if key == "datasets" else key
-                    raise ConfigError(f"{source}: tables.{table}.{key}: {name!r} is not defined "
-                                      f"under {where}.{hint}")
+                    raise ConfigError(
+                        f"{source}: tables.{table}.{key}: {name!r} is not defined "
+                        f"under {where}.{hint}"
+                    )
         if spec["model"] not in config["models"]:
-            raise ConfigError(f"{source}: tables.{table}.model: {spec['model']!r} is not "
-                              "defined under models.")
+            raise ConfigError(
+                f"{source}: tables.{table}.model: {spec['model']!r} is not defined under models."
+            )
 
 
-def load(path: str | Path = "params.yaml",
-         overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
+def load(path: str | Path = "params.yaml", overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
     """Read ``path`` (and overlays, merged in order, as Snakemake's --configfile does); validate."""
     config: dict[str, Any] = {}
     for p in (path, *overlays):
@@ -160,8 +178,12 @@ def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
 
 def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger)."""
-    common = {"seed": config["seed"], "scale": config["scale"],
-              "tracking": config["tracking"], "threads": config["threads_per_job"]}
+    common = {
+        "seed": config["seed"],
+        "scale": config["scale"],
+        "tracking": config["tracking"],
+        "threads": config["threads_per_job"],
+    }
     if stage == "prepare":
         src = config["data"]["sources"][w["dataset"]]
         out = {"dataset": w["dataset"], "settings": method_settings(src), "seed": config["seed"]}
@@ -170,31 +192,54 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump({"partition": config["partition"], "seed": config["seed"]})
     out = dict(common)
     if stage in ("train", "capture"):
-        out |= {"model": config["models"][w["model"]], "model_name": w["model"],
-                "defense": config["defenses"][w["defense"]], "defense_name": w["defense"],
-                "partition": config["partition"], "dataset": w["dataset"],
-                "dataset_label": config["data"]["sources"][w["dataset"]]["label"]}
+        out |= {
+            "model": config["models"][w["model"]],
+            "model_name": w["model"],
+            "defense": config["defenses"][w["defense"]],
+            "defense_name": w["defense"],
+            "partition": config["partition"],
+            "dataset": w["dataset"],
+            "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
+        }
     if stage == "train":
         out["fl"] = config["fl"]
     elif stage == "capture":
-        out |= {"fl": config["fl"], "threat_model": config["threat_model"],
-                "capture": config["capture"]}
+        out |= {
+            "fl": config["fl"],
+            "threat_model": config["threat_model"],
+            "capture": config["capture"],
+        }
     elif stage == "attack":
-        out |= {"attack": config["attacks"][w["attack"]], "attack_name": w["attack"],
-                "threat_model": config["threat_model"]}
+        out |= {
+            "attack": config["attacks"][w["attack"]],
+            "attack_name": w["attack"],
+            "threat_model": config["threat_model"],
+        }
     elif stage == "score":
-        out |= {"metrics": config["metrics"], "attack": config["attacks"][w["attack"]],
-                "attack_name": w["attack"], "defense": config["defenses"][w["defense"]],
-                "defense_name": w["defense"], "dataset": w["dataset"],
-                "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
-                "threat_model": config["threat_model"]}
+        out |= {
+            "metrics": config["metrics"],
+            "attack": config["attacks"][w["attack"]],
+            "attack_name": w["attack"],
+            "defense": config["defenses"][w["defense"]],
+            "defense_name": w["defense"],
+            "dataset": w["dataset"],
+            "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
+            "threat_model": config["threat_model"],
+        }
     elif stage == "table":
-        out |= {"table": config["tables"][w["table"]], "table_name": w["table"],
-                "labels": {"defenses": {k: v["label"] for k, v in config["defenses"].items()},
-                           "attacks": {k: v["label"] for k, v in config["attacks"].items()}},
-                "attacks": config["attacks"], "models": config["models"],
-                "capture": config["capture"], "fl": config["fl"],
-                "threat_model": config["threat_model"]}
+        out |= {
+            "table": config["tables"][w["table"]],
+            "table_name": w["table"],
+            "labels": {
+                "defenses": {k: v["label"] for k, v in config["defenses"].items()},
+                "attacks": {k: v["label"] for k, v in config["attacks"].items()},
+            },
+            "attacks": config["attacks"],
+            "models": config["models"],
+            "capture": config["capture"],
+            "fl": config["fl"],
+            "threat_model": config["threat_model"],
+        }
     else:
         raise ValueError(f"no job settings for stage {stage!r}")
     return _dump(out)

@@ -64,8 +64,9 @@ def save_tensors(path: str | os.PathLike[str], obj: Any) -> str:
     return digest
 
 
-def load_tensors(path: str | os.PathLike[str], expected_sha256: str | None = None,
-                 remedy: str = "") -> Any:
+def load_tensors(
+    path: str | os.PathLike[str], expected_sha256: str | None = None, remedy: str = ""
+) -> Any:
     """Load a file written by :func:`save_tensors`, verifying its sha256 when one is given."""
     path = Path(path)
     hint = f" Regenerate it with: {remedy}" if remedy else " Delete it and rerun the pipeline."

@@ -1,4 +1,4 @@
-"""What the Snakefile needs from Python before any rule runs: a clean environment, a valid config."""
+"""What the Snakefile needs before any rule runs: a clean environment and a valid config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The vocabulary of the threat model: what the server sends, what a client shares, what stays secret.
+"""The vocabulary of the threat model: what the server sends, what a client shares, what is secret.
 
 An honest-but-curious server sees a :class:`ServerMessage` (it wrote it) and the
 :class:`SharedUpdate` a client returns; the client's :class:`PrivateBatch` never leaves the client

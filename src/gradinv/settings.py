@@ -20,8 +20,15 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key and the fix."""
 
 
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None,
-            le: float | None = None, lt: float | None = None, doc: str = "") -> Any:
+def bounded(
+    default: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    doc: str = "",
+) -> Any:
     """A dataclass field with numeric bounds that the schema and the loader both enforce."""
     meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
     if doc:
@@ -98,14 +105,18 @@ def check_bounds(obj: Any, where: str) -> None:
         value = getattr(obj, f.name)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
-        for key, ok in (("ge", value >= f.metadata.get("ge", value)),
-                        ("gt", "gt" not in f.metadata or value > f.metadata["gt"]),
-                        ("le", value <= f.metadata.get("le", value)),
-                        ("lt", "lt" not in f.metadata or value < f.metadata["lt"])):
+        for key, ok in (
+            ("ge", value >= f.metadata.get("ge", value)),
+            ("gt", "gt" not in f.metadata or value > f.metadata["gt"]),
+            ("le", value <= f.metadata.get("le", value)),
+            ("lt", "lt" not in f.metadata or value < f.metadata["lt"]),
+        ):
             if not ok:
                 word = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[key]
-                raise ConfigError(f"{where}.{f.name}: {value} is out of range; it must be "
-                                  f"{word} {f.metadata[key]}.")
+                raise ConfigError(
+                    f"{where}.{f.name}: {value} is out of range; it must be "
+                    f"{word} {f.metadata[key]}."
+                )
 
 
 def as_dict(obj: Any) -> dict[str, Any]:

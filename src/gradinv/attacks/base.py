@@ -48,8 +48,9 @@ class Attack:
         self.settings = settings
         self.threat = threat
 
-    def reconstruct(self, server: ServerMessage, update: SharedUpdate,
-                    generator: torch.Generator) -> AttackResult:
+    def reconstruct(
+        self, server: ServerMessage, update: SharedUpdate, generator: torch.Generator
+    ) -> AttackResult:
         raise NotImplementedError
 
     def server_model(self, server: ServerMessage) -> nn.Module:

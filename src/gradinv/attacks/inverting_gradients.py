@@ -38,14 +38,16 @@ class InvertingGradients(Attack):
         nonzero_only: bool = False
         log_every: int = bounded(25, ge=1)
 
-    def reconstruct(self, server: ServerMessage, update: SharedUpdate,
-                    generator: torch.Generator) -> AttackResult:
+    def reconstruct(
+        self, server: ServerMessage, update: SharedUpdate, generator: torch.Generator
+    ) -> AttackResult:
         s, meta = self.settings, update.meta
         model = self.server_model(server)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        target = target_gradients(update.tensors, [n for n, _ in named], update.kind,
-                                  meta.local_lr, meta.local_steps)
+        target = target_gradients(
+            update.tensors, [n for n, _ in named], update.kind, meta.local_lr, meta.local_steps
+        )
         labels = self._labels(model, update)
 
         shape = (meta.batch_size, *meta.image_shape)
@@ -66,15 +68,20 @@ class InvertingGradients(Attack):
             opt = torch.optim.Adam([x], lr=s.lr)
             sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
             curve = history.setdefault(f"loss_restart{restart}", [])
-            bar = tqdm(range(s.iterations), desc=f"IG restart {restart + 1}/{s.restarts}",
-                       mininterval=5.0, leave=False)
+            bar = tqdm(
+                range(s.iterations),
+                desc=f"IG restart {restart + 1}/{s.restarts}",
+                mininterval=5.0,
+                leave=False,
+            )
             for it in bar:
                 opt.zero_grad()
                 rec = match_loss(x)
                 objective = rec + s.tv * total_variation(x)
                 if not torch.isfinite(objective):
-                    raise AttackFailed(f"non-finite attack loss at restart {restart}, "
-                                       f"iteration {it}")
+                    raise AttackFailed(
+                        f"non-finite attack loss at restart {restart}, iteration {it}"
+                    )
                 (x.grad,) = torch.autograd.grad(objective, x)
                 if s.signed:
                     x.grad.sign_()
@@ -94,15 +101,21 @@ class InvertingGradients(Attack):
 
         assert best is not None
         images = denormalize(best[2], meta.mean, meta.std).clamp(0, 1)
-        return AttackResult(images=images, labels=labels, history=history,
-                            summary={"best_restart": best[1], "gradient_distance": best[0]})
+        return AttackResult(
+            images=images,
+            labels=labels,
+            history=history,
+            summary={"best_restart": best[1], "gradient_distance": best[0]},
+        )
 
     def _labels(self, model: torch.nn.Module, update: SharedUpdate) -> torch.Tensor:
         meta = update.meta
         if self.threat.labels == "known":
             if meta.labels is None:
-                raise AttackFailed("the threat model grants known labels, but the capture "
-                                   "carries none; recapture with threat_model.labels: known")
+                raise AttackFailed(
+                    "the threat model grants known labels, but the capture "
+                    "carries none; recapture with threat_model.labels: known"
+                )
             return torch.tensor(meta.labels)
         name, _ = classifier_layer(model)
         grad = update.tensors[f"{name}.weight"]

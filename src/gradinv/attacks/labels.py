@@ -15,11 +15,13 @@ import torch
 from torch import Tensor
 
 
-def infer_labels(fc_weight_grad: Tensor, batch_size: int,
-                 rule: Literal["auto", "idlg", "yin"] = "auto") -> Tensor:
+def infer_labels(
+    fc_weight_grad: Tensor, batch_size: int, rule: Literal["auto", "idlg", "yin"] = "auto"
+) -> Tensor:
     if fc_weight_grad.ndim != 2:
-        raise ValueError(f"expected a (classes, features) weight gradient, got "
-                         f"{tuple(fc_weight_grad.shape)}")
+        raise ValueError(
+            f"expected a (classes, features) weight gradient, got {tuple(fc_weight_grad.shape)}"
+        )
     if rule == "auto":
         rule = "idlg" if batch_size == 1 else "yin"
     if rule == "idlg":
@@ -28,6 +30,7 @@ def infer_labels(fc_weight_grad: Tensor, batch_size: int,
         return torch.argmin(fc_weight_grad.sum(dim=1)).view(1)
     scores = fc_weight_grad.min(dim=1).values
     if batch_size > len(scores):
-        raise ValueError(f"the row rule cannot recover {batch_size} labels from "
-                         f"{len(scores)} classes")
+        raise ValueError(
+            f"the row rule cannot recover {batch_size} labels from {len(scores)} classes"
+        )
     return torch.sort(torch.argsort(scores, stable=True)[:batch_size]).values

@@ -6,7 +6,9 @@ import torch
 from torch import Tensor
 
 
-def cosine_distance(dummy: list[Tensor], target: list[Tensor], nonzero_only: bool = False) -> Tensor:
+def cosine_distance(
+    dummy: list[Tensor], target: list[Tensor], nonzero_only: bool = False
+) -> Tensor:
     """1 - cosine similarity of the concatenated gradients (Geiping et al. 2020, Eq. 4).
 
     ``nonzero_only`` restricts both vectors to the target's non-zero entries, as the GIFD/CENSOR
@@ -36,8 +38,9 @@ def total_variation(x: Tensor) -> Tensor:
     return dx + dy
 
 
-def target_gradients(tensors: dict[str, Tensor], names: list[str], kind: str,
-                     local_lr: float, local_steps: int) -> list[Tensor]:
+def target_gradients(
+    tensors: dict[str, Tensor], names: list[str], kind: str, local_lr: float, local_steps: int
+) -> list[Tensor]:
     """The update as a gradient, in the model's parameter order.
 
     A FedAvg delta is turned into the gradient of one equivalent step, -delta / (lr * steps):
@@ -45,8 +48,10 @@ def target_gradients(tensors: dict[str, Tensor], names: list[str], kind: str,
     """
     missing = [n for n in names if n not in tensors]
     if missing:
-        raise ValueError(f"the shared update lacks parameters {missing[:3]}...; was it captured "
-                         "from a different model?")
+        raise ValueError(
+            f"the shared update lacks parameters {missing[:3]}...; was it captured "
+            "from a different model?"
+        )
     if kind == "gradient":
         return [tensors[n].detach() for n in names]
     scale = -1.0 / (local_lr * local_steps)

@@ -12,8 +12,9 @@ Gradients = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-def gradients_of(model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn,
-                 create_graph: bool = False) -> Gradients:
+def gradients_of(
+    model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn, create_graph: bool = False
+) -> Gradients:
     """The gradient of ``loss_fn(model(inputs), labels)`` for every trainable parameter, by name."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     loss = loss_fn(model(inputs), labels)
@@ -38,8 +39,14 @@ class Defense:
         """Architectural defenses replace layers here; gradient defenses keep the model."""
         return model
 
-    def shared_update(self, model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn,
-                      generator: torch.Generator) -> Gradients:
+    def shared_update(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        labels: Tensor,
+        loss_fn: LossFn,
+        generator: torch.Generator,
+    ) -> Gradients:
         grads = gradients_of(model, inputs, labels, loss_fn)
         return self.transform(grads, generator)
 

@@ -22,5 +22,7 @@ class GaussianNoise(Defense):
 
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
         std = self.settings.std
-        return {n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype)
-                for n, g in grads.items()}
+        return {
+            n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype)
+            for n, g in grads.items()
+        }

@@ -18,9 +18,17 @@ from torch import Tensor, nn
 from gradinv.defenses import Defense, Gradients
 
 
-def client_update(model: nn.Module, inputs: Tensor, labels: Tensor, defense: Defense, *,
-                  protocol: Literal["fedsgd", "fedavg"], local_steps: int, local_lr: float,
-                  generator: torch.Generator) -> tuple[Gradients, nn.Module]:
+def client_update(
+    model: nn.Module,
+    inputs: Tensor,
+    labels: Tensor,
+    defense: Defense,
+    *,
+    protocol: Literal["fedsgd", "fedavg"],
+    local_steps: int,
+    local_lr: float,
+    generator: torch.Generator,
+) -> tuple[Gradients, nn.Module]:
     """The shared update and the client's model afterwards (for its batch-norm buffers).
 
     ``model`` is not modified; the client works on its own copy, as a real client would.

@@ -47,21 +47,32 @@ class FLSettings:
         return cls(**{**d, "checkpoint_rounds": tuple(sorted(set(d["checkpoint_rounds"])))})
 
 
-def evaluate(model: nn.Module, images: Tensor, labels: Tensor, batch: int = 256) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, images: Tensor, labels: Tensor, batch: int = 256
+) -> dict[str, float]:
     """Test loss and accuracy with the model in eval mode."""
     model.eval()
     loss, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(images), batch):
-            out = model(images[i:i + batch])
-            loss += F.cross_entropy(out, labels[i:i + batch], reduction="sum").item()
-            correct += (out.argmax(1) == labels[i:i + batch]).sum().item()
+            out = model(images[i : i + batch])
+            loss += F.cross_entropy(out, labels[i : i + batch], reduction="sum").item()
+            correct += (out.argmax(1) == labels[i : i + batch]).sum().item()
     return {"test_loss": loss / len(images), "test_accuracy": correct / len(images)}
 
 
-def train(model: nn.Module, train_x: Tensor, train_y: Tensor, parts: list[list[int]],
-          test_x: Tensor, test_y: Tensor, defense: Defense, fl: FLSettings, seed: int,
-          on_checkpoint: Callable[[int, nn.Module], None]) -> list[dict[str, float]]:
+def train(
+    model: nn.Module,
+    train_x: Tensor,
+    train_y: Tensor,
+    parts: list[list[int]],
+    test_x: Tensor,
+    test_y: Tensor,
+    defense: Defense,
+    fl: FLSettings,
+    seed: int,
+    on_checkpoint: Callable[[int, nn.Module], None],
+) -> list[dict[str, float]]:
     """Run ``fl.rounds`` rounds; call ``on_checkpoint`` at each checkpoint round.
 
     ``train_x`` and ``test_x`` are already normalised. Returns the per-round history.
@@ -82,9 +93,16 @@ def train(model: nn.Module, train_x: Tensor, train_y: Tensor, parts: list[list[i
             x, y = train_x[idx], train_y[idx]
             with torch.no_grad():
                 train_loss += F.cross_entropy(model(x), y).item() / len(clients)
-            update, local = client_update(model, x, y, defense, protocol=fl.protocol,
-                                          local_steps=fl.local_steps, local_lr=fl.local_lr,
-                                          generator=generator)
+            update, local = client_update(
+                model,
+                x,
+                y,
+                defense,
+                protocol=fl.protocol,
+                local_steps=fl.local_steps,
+                local_lr=fl.local_lr,
+                generator=generator,
+            )
             updates.append(update)
             locals_.append(local)
         _aggregate(model, updates, locals_, fl)
@@ -99,8 +117,9 @@ def train(model: nn.Module, train_x: Tensor, train_y: Tensor, parts: list[list[i
     return history
 
 
-def _aggregate(model: nn.Module, updates: list[dict[str, Tensor]], locals_: list[nn.Module],
-               fl: FLSettings) -> None:
+def _aggregate(
+    model: nn.Module, updates: list[dict[str, Tensor]], locals_: list[nn.Module], fl: FLSettings
+) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name not in updates[0]:
@@ -112,5 +131,8 @@ def _aggregate(model: nn.Module, updates: list[dict[str, Tensor]], locals_: list
         local_buffers = [dict(m.named_buffers()) for m in locals_]
         for name, b in model.named_buffers():
             stacked = torch.stack([lb[name] for lb in local_buffers])
-            b.copy_(stacked.float().mean(0).to(b.dtype) if b.is_floating_point()
-                    else stacked.max(0).values)
+            b.copy_(
+                stacked.float().mean(0).to(b.dtype)
+                if b.is_floating_point()
+                else stacked.max(0).values
+            )

@@ -42,16 +42,21 @@ class MetricSettings:
     """
 
     lpips_net: Literal["vgg", "alex"] = bounded(
-        "vgg", doc="LPIPS backbone; CENSOR's tables report VGG (its code also computes AlexNet)")
+        "vgg", doc="LPIPS backbone; CENSOR's tables report VGG (its code also computes AlexNet)"
+    )
     lpips_weights_path: str = bounded(
-        "", doc="torchvision ImageNet weights of the LPIPS backbone; empty: the torch hub cache")
+        "", doc="torchvision ImageNet weights of the LPIPS backbone; empty: the torch hub cache"
+    )
     space: Literal["unit", "normalized"] = bounded(
-        "unit", doc="SSIM/LPIPS input: [0,1] (standard) or (x-mean)/std as in CENSOR's code")
+        "unit", doc="SSIM/LPIPS input: [0,1] (standard) or (x-mean)/std as in CENSOR's code"
+    )
     ssim_impl: Literal["skimage", "censor_code"] = bounded(
-        "skimage", doc="skimage (Wang et al. 2004) or CENSOR/inversefed's zero-padded SSIM")
+        "skimage", doc="skimage (Wang et al. 2004) or CENSOR/inversefed's zero-padded SSIM"
+    )
     match: bool = bounded(True, doc="Hungarian-match reconstructions to originals when N > 1")
     match_cost: Literal["mse", "ssim", "lpips"] = bounded(
-        "mse", doc="pairwise metric that the Hungarian matching minimizes")
+        "mse", doc="pairwise metric that the Hungarian matching minimizes"
+    )
 
     def __post_init__(self) -> None:
         # from_mapping checks numeric bounds only; a Literal typo would otherwise pass silently.
@@ -92,13 +97,25 @@ class ImageMetric:
     best: ClassVar[float]
     reports_status: ClassVar[bool] = False
 
-    def per_image(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                  mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def per_image(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         """One value per image pair ``(recon[i], orig[i])``; inputs pass :func:`check_images`."""
         raise NotImplementedError
 
-    def pairwise(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                 mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def pairwise(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         """Values for every pair, flattened row-major: entry ``i * N + j`` is (recon i, orig j)."""
         n = recon.shape[0]
         rows = recon.repeat_interleave(n, dim=0)
@@ -112,8 +129,9 @@ def check_images(recon: Tensor, orig: Tensor) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}.")
         if x.ndim != 4 or x.shape[1] not in (1, 3):
-            raise ValueError(f"{name} must have shape (N, C, H, W) with C in {{1, 3}}; "
-                             f"got {tuple(x.shape)}.")
+            raise ValueError(
+                f"{name} must have shape (N, C, H, W) with C in {{1, 3}}; got {tuple(x.shape)}."
+            )
         if not x.is_floating_point():
             raise ValueError(f"{name} must be a float tensor in [0, 1]; got {x.dtype}.")
         if x.shape[0] == 0:
@@ -123,27 +141,33 @@ def check_images(recon: Tensor, orig: Tensor) -> None:
             raise ValueError(f"{name} contain NaN or inf values.")
         lo, hi = x.min().item(), x.max().item()
         if lo < -RANGE_TOLERANCE or hi > 1 + RANGE_TOLERANCE:
-            raise ValueError(f"{name} span [{lo:.4g}, {hi:.4g}], outside [0, 1]: denormalize "
-                             "and clamp them first (x * std + mean).clamp(0, 1).")
+            raise ValueError(
+                f"{name} span [{lo:.4g}, {hi:.4g}], outside [0, 1]: denormalize "
+                "and clamp them first (x * std + mean).clamp(0, 1)."
+            )
     if recon.shape != orig.shape:
-        raise ValueError(f"reconstructions {tuple(recon.shape)} and originals "
-                         f"{tuple(orig.shape)} differ in shape.")
+        raise ValueError(
+            f"reconstructions {tuple(recon.shape)} and originals "
+            f"{tuple(orig.shape)} differ in shape."
+        )
 
 
-def to_space(x: Tensor, settings: MetricSettings, mean: Stats | None,
-             std: Stats | None) -> Tensor:
+def to_space(x: Tensor, settings: MetricSettings, mean: Stats | None, std: Stats | None) -> Tensor:
     """``x`` in the space SSIM and LPIPS are computed in: ``[0, 1]`` or ``(x - mean) / std``."""
     if settings.space == "unit":
         return x
     if mean is None or std is None:
-        raise ValueError("metrics.space='normalized' needs the dataset's mean and std; "
-                         "pass mean= and std= to score().")
+        raise ValueError(
+            "metrics.space='normalized' needs the dataset's mean and std; "
+            "pass mean= and std= to score()."
+        )
     c = x.shape[1]
     m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).flatten()
     s = torch.as_tensor(std, dtype=x.dtype, device=x.device).flatten()
     if m.numel() != c or s.numel() != c:
-        raise ValueError(f"mean {m.tolist()} and std {s.tolist()} must have one entry per "
-                         f"channel ({c}).")
+        raise ValueError(
+            f"mean {m.tolist()} and std {s.tolist()} must have one entry per channel ({c})."
+        )
     if (s <= 0).any():
         raise ValueError(f"std {s.tolist()} must be positive.")
     return (x - m.view(1, c, 1, 1)) / s.view(1, c, 1, 1)

@@ -95,8 +95,10 @@ def locate_backbone(net: str, weights_path: str = "") -> tuple[Path | None, str]
     configured = bool(weights_path)
     path = Path(weights_path).expanduser() if configured else hub_checkpoint_path(spec)
     where = "metrics.lpips_weights_path" if configured else "the torch hub cache"
-    fix = (f"Put torchvision's {spec.filename} (from {spec.url}) at {hub_checkpoint_path(spec)}, "
-           f"or set metrics.lpips_weights_path to that file.")
+    fix = (
+        f"Put torchvision's {spec.filename} (from {spec.url}) at {hub_checkpoint_path(spec)}, "
+        f"or set metrics.lpips_weights_path to that file."
+    )
     if not path.is_file():
         return None, f"backbone weights {spec.filename} not found at {path} ({where}). {fix}"
     key = _file_key(path)
@@ -104,9 +106,11 @@ def locate_backbone(net: str, weights_path: str = "") -> tuple[Path | None, str]
         _DIGESTS[key] = sha256_file(path)
     digest = _DIGESTS[key]
     if not digest.startswith(spec.hash_prefix):
-        return None, (f"backbone weights at {path} have sha256 {digest[:12]}..., which does not "
-                      f"start with {spec.hash_prefix} as torchvision's {spec.filename} does "
-                      f"(truncated or a different file). {fix}")
+        return None, (
+            f"backbone weights at {path} have sha256 {digest[:12]}..., which does not "
+            f"start with {spec.hash_prefix} as torchvision's {spec.filename} does "
+            f"(truncated or a different file). {fix}"
+        )
     return path, "ok"
 
 
@@ -123,12 +127,14 @@ def build_network(net: str, path: Path) -> nn.Module:
     """
     lin_path = _package_linear_layers(net)
     if not lin_path.is_file():
-        raise FileNotFoundError(f"the lpips package lacks its linear-layer weights {lin_path}; "
-                                "reinstall lpips.")
+        raise FileNotFoundError(
+            f"the lpips package lacks its linear-layer weights {lin_path}; reinstall lpips."
+        )
     with warnings.catch_warnings():
         # lpips 0.1.4 still passes torchvision's deprecated ``pretrained=False``; harmless here.
-        warnings.filterwarnings("ignore", message=".*(pretrained|weight enum).*",
-                                category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*(pretrained|weight enum).*", category=UserWarning
+        )
         model = lpips.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
     own = model.state_dict()
     for key, value in torch.load(lin_path, map_location="cpu", weights_only=True).items():
@@ -158,8 +164,9 @@ def get_network(net: str, path: Path, device: torch.device) -> nn.Module:
     return _NETWORKS[key]
 
 
-def _as_lpips_input(x: Tensor, settings: MetricSettings, mean: Stats | None,
-                    std: Stats | None) -> Tensor:
+def _as_lpips_input(
+    x: Tensor, settings: MetricSettings, mean: Stats | None, std: Stats | None
+) -> Tensor:
     x = to_space(x.detach().float(), settings, mean, std)
     if settings.space == "unit":
         x = 2 * x - 1  # lpips expects [-1, 1] (what its normalize=True would do)
@@ -176,12 +183,19 @@ class LPIPS(ImageMetric):
     best = 0.0
     reports_status = True
 
-    def per_image(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                  mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def per_image(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         path, reason = locate_backbone(settings.lpips_net, settings.lpips_weights_path)
         if path is None:
-            message = (f"LPIPS ({settings.lpips_net}) is unavailable and is recorded as None: "
-                       f"{reason}")
+            message = (
+                f"LPIPS ({settings.lpips_net}) is unavailable and is recorded as None: {reason}"
+            )
             log.warning(message)
             warnings.warn(message, LPIPSUnavailableWarning, stacklevel=2)
             return MetricValues(None, f"unavailable: {reason}")
@@ -191,7 +205,7 @@ class LPIPS(ImageMetric):
         values: list[float] = []
         with torch.no_grad():
             for start in range(0, x.shape[0], CHUNK):
-                d = model(x[start:start + CHUNK], y[start:start + CHUNK], normalize=False)
+                d = model(x[start : start + CHUNK], y[start : start + CHUNK], normalize=False)
                 values.extend(d.flatten().double().tolist())
         if not all(map(math.isfinite, values)):
             raise FloatingPointError(f"LPIPS produced non-finite values {values}.")

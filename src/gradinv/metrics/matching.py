@@ -17,17 +17,23 @@ from gradinv.metrics import METRICS
 from gradinv.metrics.base import MetricSettings, Stats, check_images
 
 
-def cost_matrix(recon: Tensor, orig: Tensor, cost: str = "mse",
-                settings: MetricSettings | None = None, mean: Stats | None = None,
-                std: Stats | None = None) -> np.ndarray:
+def cost_matrix(
+    recon: Tensor,
+    orig: Tensor,
+    cost: str = "mse",
+    settings: MetricSettings | None = None,
+    mean: Stats | None = None,
+    std: Stats | None = None,
+) -> np.ndarray:
     """``C[i, j]``: how unlike reconstruction ``i`` is original ``j`` under metric ``cost``."""
     settings = settings or MetricSettings()
     metric = METRICS.get(cost)()
     n = recon.shape[0]
     result = metric.pairwise(recon, orig, settings, mean, std)
     if result.per_image is None:
-        raise RuntimeError(f"cannot match on {cost}: {result.status}. Match on 'mse' instead "
-                           "(metrics.match_cost).")
+        raise RuntimeError(
+            f"cannot match on {cost}: {result.status}. Match on 'mse' instead (metrics.match_cost)."
+        )
     values = np.asarray(result.per_image, dtype=np.float64).reshape(n, n)
     # defender_direction "up": a larger value is a worse reconstruction, i.e. a worse match.
     matrix = values if metric.defender_direction == "up" else -values
@@ -36,9 +42,15 @@ def cost_matrix(recon: Tensor, orig: Tensor, cost: str = "mse",
     return matrix
 
 
-def match_reconstructions(recon: Tensor, orig: Tensor, *, cost: str = "mse",
-                          settings: MetricSettings | None = None, mean: Stats | None = None,
-                          std: Stats | None = None) -> list[int]:
+def match_reconstructions(
+    recon: Tensor,
+    orig: Tensor,
+    *,
+    cost: str = "mse",
+    settings: MetricSettings | None = None,
+    mean: Stats | None = None,
+    std: Stats | None = None,
+) -> list[int]:
     """The permutation ``perm`` that pairs ``recon[perm[j]]`` with ``orig[j]`` at minimal cost.
 
     ``recon[perm]`` is then in the originals' order. Both batches hold the same number of images,

@@ -26,6 +26,12 @@ class MSE(ImageMetric):
     defender_direction = "up"
     best = 0.0
 
-    def per_image(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                  mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def per_image(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         return MetricValues(mse_per_image(recon, orig).tolist())

@@ -34,6 +34,12 @@ class PSNR(ImageMetric):
     defender_direction = "down"
     best = math.inf
 
-    def per_image(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                  mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def per_image(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         return MetricValues([psnr_from_mse(m) for m in mse_per_image(recon, orig).tolist()])

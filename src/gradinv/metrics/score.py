@@ -27,10 +27,17 @@ def batch_mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
 
 
-def score(recon: Tensor, orig: Tensor, *, metrics: Sequence[str], settings: MetricSettings,
-          mean: Stats | None = None, std: Stats | None = None,
-          predicted_labels: Labels | None = None,
-          true_labels: Labels | None = None) -> dict[str, Any]:
+def score(
+    recon: Tensor,
+    orig: Tensor,
+    *,
+    metrics: Sequence[str],
+    settings: MetricSettings,
+    mean: Stats | None = None,
+    std: Stats | None = None,
+    predicted_labels: Labels | None = None,
+    true_labels: Labels | None = None,
+) -> dict[str, Any]:
     """Score reconstructions ``recon`` against originals ``orig``, both ``(N, C, H, W)`` in [0, 1].
 
     ``metrics`` names registered metrics (``METRICS.available()``). ``mean``/``std`` (one entry
@@ -52,8 +59,9 @@ def score(recon: Tensor, orig: Tensor, *, metrics: Sequence[str], settings: Metr
 
     n = recon.shape[0]
     if settings.match and n > 1:
-        perm = match_reconstructions(recon, orig, cost=settings.match_cost, settings=settings,
-                                     mean=mean, std=std)
+        perm = match_reconstructions(
+            recon, orig, cost=settings.match_cost, settings=settings, mean=mean, std=std
+        )
     else:
         perm = list(range(n))
     matched = recon[perm]
@@ -69,6 +77,7 @@ def score(recon: Tensor, orig: Tensor, *, metrics: Sequence[str], settings: Metr
         result[f"{name}_per_image"] = per_image
         if metric.reports_status:
             result[f"{name}_status"] = values.status
-    result["label_accuracy"] = (None if predicted_labels is None
-                                else label_accuracy(predicted_labels, true_labels))
+    result["label_accuracy"] = (
+        None if predicted_labels is None else label_accuracy(predicted_labels, true_labels)
+    )
     return result

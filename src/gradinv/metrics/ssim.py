@@ -36,17 +36,23 @@ def ssim_skimage(recon: Tensor, orig: Tensor, data_range: float = 1.0) -> list[f
     """Wang et al. 2004 SSIM per image pair, via scikit-image."""
     h, w = orig.shape[-2:]
     if min(h, w) < WINDOW:
-        raise ValueError(f"SSIM with an {WINDOW}x{WINDOW} Gaussian window needs images of at "
-                         f"least {WINDOW}x{WINDOW} pixels; got {h}x{w}.")
+        raise ValueError(
+            f"SSIM with an {WINDOW}x{WINDOW} Gaussian window needs images of at "
+            f"least {WINDOW}x{WINDOW} pixels; got {h}x{w}."
+        )
     a = recon.detach().cpu().double().numpy()
     b = orig.detach().cpu().double().numpy()
     values = []
     for x, y in zip(a, b, strict=True):
         rgb = x.shape[0] > 1
         value = structural_similarity(
-            x if rgb else x[0], y if rgb else y[0],
-            gaussian_weights=True, sigma=SIGMA, use_sample_covariance=False,
-            data_range=data_range, channel_axis=0 if rgb else None,
+            x if rgb else x[0],
+            y if rgb else y[0],
+            gaussian_weights=True,
+            sigma=SIGMA,
+            use_sample_covariance=False,
+            data_range=data_range,
+            channel_axis=0 if rgb else None,
         )
         values.append(float(value))
     return values
@@ -54,8 +60,10 @@ def ssim_skimage(recon: Tensor, orig: Tensor, data_range: float = 1.0) -> list[f
 
 def gaussian_window(size: int = WINDOW, sigma: float = SIGMA) -> Tensor:
     """The normalized 2-D Gaussian window, as the outer product of the 1-D one."""
-    g = torch.tensor([math.exp(-((i - size // 2) ** 2) / (2 * sigma**2)) for i in range(size)],
-                     dtype=torch.float64)
+    g = torch.tensor(
+        [math.exp(-((i - size // 2) ** 2) / (2 * sigma**2)) for i in range(size)],
+        dtype=torch.float64,
+    )
     g = g / g.sum()
     return torch.outer(g, g)
 
@@ -75,7 +83,8 @@ def ssim_censor_code(recon: Tensor, orig: Tensor) -> list[float]:
     cov = filt(x * y) - mu_x * mu_y
     c1, c2 = K1**2, K2**2  # data range 1, whatever the tensors' actual range
     ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / (
-        (mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
+        (mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2)
+    )
     return ssim_map.flatten(1).mean(dim=1).tolist()
 
 
@@ -86,8 +95,14 @@ class SSIM(ImageMetric):
     defender_direction = "down"
     best = 1.0
 
-    def per_image(self, recon: Tensor, orig: Tensor, settings: MetricSettings,
-                  mean: Stats | None = None, std: Stats | None = None) -> MetricValues:
+    def per_image(
+        self,
+        recon: Tensor,
+        orig: Tensor,
+        settings: MetricSettings,
+        mean: Stats | None = None,
+        std: Stats | None = None,
+    ) -> MetricValues:
         x = to_space(recon, settings, mean, std)
         y = to_space(orig, settings, mean, std)
         if settings.ssim_impl == "censor_code":

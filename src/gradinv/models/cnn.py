@@ -25,7 +25,9 @@ class CNN3:
         layers: list[nn.Module] = []
         side, cin = image_size, in_channels
         for cout in s.channels:
-            layers += [nn.Conv2d(cin, cout, s.kernel_size, stride=2, padding=s.kernel_size // 2),
-                       nn.ReLU()]
+            layers += [
+                nn.Conv2d(cin, cout, s.kernel_size, stride=2, padding=s.kernel_size // 2),
+                nn.ReLU(),
+            ]
             side, cin = -(-side // 2), cout
         return nn.Sequential(*layers, nn.Flatten(), nn.Linear(cin * side * side, num_classes))

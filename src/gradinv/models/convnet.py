@@ -28,10 +28,16 @@ class ConvNet:
     def build(num_classes: int, in_channels: int, image_size: int, s: Settings) -> nn.Module:
         w = s.width
         layers = [
-            *_conv(in_channels, w), *_conv(w, 2 * w),
-            *_conv(2 * w, 2 * w), *_conv(2 * w, 4 * w), *_conv(4 * w, 4 * w), *_conv(4 * w, 4 * w),
+            *_conv(in_channels, w),
+            *_conv(w, 2 * w),
+            *_conv(2 * w, 2 * w),
+            *_conv(2 * w, 4 * w),
+            *_conv(4 * w, 4 * w),
+            *_conv(4 * w, 4 * w),
             nn.MaxPool2d(3),
-            *_conv(4 * w, 4 * w), *_conv(4 * w, 4 * w), *_conv(4 * w, 4 * w),
+            *_conv(4 * w, 4 * w),
+            *_conv(4 * w, 4 * w),
+            *_conv(4 * w, 4 * w),
             nn.MaxPool2d(3),
         ]
         side = image_size // 3 // 3

@@ -25,9 +25,12 @@ class LeNet:
     def build(num_classes: int, in_channels: int, image_size: int, s: Settings) -> nn.Module:
         side = -(-image_size // 4)  # two stride-2 convolutions, rounding up
         model = nn.Sequential(
-            nn.Conv2d(in_channels, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid(),
+            nn.Conv2d(in_channels, 12, 5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, 5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, 5, padding=2, stride=1),
+            nn.Sigmoid(),
             nn.Flatten(),
             nn.Linear(12 * side * side, num_classes),
         )

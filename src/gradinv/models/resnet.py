@@ -29,8 +29,11 @@ class ResNet18:
     def build(num_classes: int, in_channels: int, image_size: int, s: Settings) -> nn.Module:
         norm_layer = nn.BatchNorm2d if s.norm == "batch" else _group_norm
         model = torchvision.models.ResNet(
-            torchvision.models.resnet.BasicBlock, [2, 2, 2, 2], num_classes=num_classes,
-            width_per_group=64, norm_layer=norm_layer,
+            torchvision.models.resnet.BasicBlock,
+            [2, 2, 2, 2],
+            num_classes=num_classes,
+            width_per_group=64,
+            norm_layer=norm_layer,
         )
         if s.width != 64:
             model = _rescale_width(model, s.width, num_classes, norm_layer)

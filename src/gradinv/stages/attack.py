@@ -21,9 +21,12 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
     server = ServerMessage.from_dict(data["server"])
     update = SharedUpdate.from_dict(data["update"])
     cfg = settings["attack"]
-    attack = build_attack(cfg["kind"], method_settings(cfg),
-                          ThreatModel(**settings["threat_model"]),
-                          where=f"attacks.{settings['attack_name']}")
+    attack = build_attack(
+        cfg["kind"],
+        method_settings(cfg),
+        ThreatModel(**settings["threat_model"]),
+        where=f"attacks.{settings['attack_name']}",
+    )
     generator = torch.Generator().manual_seed(derive_seed(settings["seed"], "attack", job))
     started = time.perf_counter()
     result: dict[str, Any] = {"status": "ok", "failure": None}
@@ -31,9 +34,12 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
         rec = attack.reconstruct(server, update, generator)
         if not torch.isfinite(rec.images).all():
             raise AttackFailed("the reconstruction contains non-finite pixels")
-        result |= {"images": rec.images.detach().float(), "labels": rec.labels,
-                   "history": {k: [list(p) for p in v] for k, v in rec.history.items()},
-                   "summary": rec.summary}
+        result |= {
+            "images": rec.images.detach().float(),
+            "labels": rec.labels,
+            "history": {k: [list(p) for p in v] for k, v in rec.history.items()},
+            "summary": rec.summary,
+        }
     except AttackFailed as err:
         # A failed attack is a result, not a crash: it is counted in the table, never averaged.
         result |= {"status": "failed", "failure": str(err)}

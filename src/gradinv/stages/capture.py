@@ -26,24 +26,37 @@ def victim_indices(victim: int, batch_size: int, stride: int, n_val: int) -> lis
     """Victim v's batch: ``batch_size`` consecutive validation images from ``v * stride``."""
     start = victim * stride
     if start + batch_size > n_val:
-        raise ValueError(f"victim {victim} needs validation images {start}..{start + batch_size - 1}"
-                         f" but the dataset has {n_val}; lower capture.victims or "
-                         "capture.victim_stride")
+        raise ValueError(
+            f"victim {victim} needs validation images {start}..{start + batch_size - 1}"
+            f" but the dataset has {n_val}; lower capture.victims or "
+            "capture.victim_stride"
+        )
     return list(range(start, start + batch_size))
 
 
-def select_victim(dataset: str, prepared_dir: Path, victim: int, batch_size: int, stride: int,
-                  out: Path) -> None:
+def select_victim(
+    dataset: str, prepared_dir: Path, victim: int, batch_size: int, stride: int, out: Path
+) -> None:
     ds = load_prepared(dataset, prepared_dir)
     images, labels = ds.val_batch(victim_indices(victim, batch_size, stride, len(ds.val_labels)))
     batch = PrivateBatch(images=images, labels=labels)
-    save_tensors(out, {**batch.to_dict(), "dataset": dataset, "victim": victim,
-                       "data_sha256": ds.sha256, "mean": list(ds.mean), "std": list(ds.std),
-                       "num_classes": ds.num_classes})
+    save_tensors(
+        out,
+        {
+            **batch.to_dict(),
+            "dataset": dataset,
+            "victim": victim,
+            "data_sha256": ds.sha256,
+            "mean": list(ds.mean),
+            "std": list(ds.std),
+            "num_classes": ds.num_classes,
+        },
+    )
 
 
-def run(settings: dict[str, Any], checkpoint: Path, victim_path: Path, victim: int,
-        out: Path) -> None:
+def run(
+    settings: dict[str, Any], checkpoint: Path, victim_path: Path, victim: int, out: Path
+) -> None:
     setup(settings)
     server = ServerMessage.from_dict(load_tensors(checkpoint))
     secret = load_tensors(victim_path)
@@ -51,27 +64,50 @@ def run(settings: dict[str, Any], checkpoint: Path, victim_path: Path, victim: i
     mean, std = tuple(secret["mean"]), tuple(secret["std"])
     threat = settings["threat_model"]
     defense_cfg = settings["defense"]
-    defense = build_defense(defense_cfg["kind"], method_settings(defense_cfg),
-                            where=f"defenses.{settings['defense_name']}")
+    defense = build_defense(
+        defense_cfg["kind"],
+        method_settings(defense_cfg),
+        where=f"defenses.{settings['defense_name']}",
+    )
     model = defense.wrap_model(build_model(server.model))
     model.load_state_dict(server.state)
     model.train(threat["model_mode"] == "train")
     fl = settings["fl"]
-    seed = derive_seed(settings["seed"], "capture", settings["dataset"], settings["defense_name"],
-                       server.round, victim)
-    update, _ = client_update(model, batch.normalized(mean, std), batch.labels, defense,
-                              protocol=fl["protocol"], local_steps=fl["local_steps"],
-                              local_lr=fl["local_lr"], generator=torch.Generator().manual_seed(seed))
+    seed = derive_seed(
+        settings["seed"],
+        "capture",
+        settings["dataset"],
+        settings["defense_name"],
+        server.round,
+        victim,
+    )
+    update, _ = client_update(
+        model,
+        batch.normalized(mean, std),
+        batch.labels,
+        defense,
+        protocol=fl["protocol"],
+        local_steps=fl["local_steps"],
+        local_lr=fl["local_lr"],
+        generator=torch.Generator().manual_seed(seed),
+    )
     meta = PublicMeta(
-        dataset=settings["dataset"], batch_size=len(batch.labels),
-        image_shape=tuple(batch.images.shape[1:]), num_classes=int(secret["num_classes"]),
-        mean=mean, std=std, model_mode=threat["model_mode"], defense=settings["defense_name"],
-        defense_kind=defense_cfg["kind"], defense_settings=method_settings(defense_cfg),
+        dataset=settings["dataset"],
+        batch_size=len(batch.labels),
+        image_shape=tuple(batch.images.shape[1:]),
+        num_classes=int(secret["num_classes"]),
+        mean=mean,
+        std=std,
+        model_mode=threat["model_mode"],
+        defense=settings["defense_name"],
+        defense_kind=defense_cfg["kind"],
+        defense_settings=method_settings(defense_cfg),
         local_steps=fl["local_steps"] if fl["protocol"] == "fedavg" else 1,
         local_lr=fl["local_lr"] if fl["protocol"] == "fedavg" else 0.0,
         labels=tuple(batch.labels.tolist()) if threat["labels"] == "known" else None,
     )
-    shared = SharedUpdate(tensors=update, kind="gradient" if fl["protocol"] == "fedsgd" else "delta",
-                          meta=meta)
+    shared = SharedUpdate(
+        tensors=update, kind="gradient" if fl["protocol"] == "fedsgd" else "delta", meta=meta
+    )
     # Only what the server sees: the model it sent and the update it received.
     save_tensors(out, {"server": server.to_dict(), "update": shared.to_dict()})

@@ -28,8 +28,13 @@ def derive_seed(seed: int, *parts: object) -> int:
 
 def model_spec(model: dict[str, Any], num_classes: int, image_shape: tuple[int, ...]) -> ModelSpec:
     settings = {k: v for k, v in model.items() if k not in ("kind", "label")}
-    return ModelSpec(name=model["kind"], num_classes=num_classes, in_channels=image_shape[0],
-                     image_size=image_shape[1], settings=settings)
+    return ModelSpec(
+        name=model["kind"],
+        num_classes=num_classes,
+        in_channels=image_shape[0],
+        image_size=image_shape[1],
+        settings=settings,
+    )
 
 
 def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
@@ -37,9 +42,14 @@ def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
     from gradinv.tracking import provenance
 
     prov = provenance(REPO_ROOT)  # the code that ran, wherever it ran
-    return {"git_commit": prov.get("git_commit", "unknown"), "git_dirty": prov.get("git_dirty"),
-            "config_hash": sha256_json(settings), "data_sha256": data_sha256,
-            "seed": settings["seed"], "scale": settings["scale"]}
+    return {
+        "git_commit": prov.get("git_commit", "unknown"),
+        "git_dirty": prov.get("git_dirty"),
+        "config_hash": sha256_json(settings),
+        "data_sha256": data_sha256,
+        "seed": settings["seed"],
+        "scale": settings["scale"],
+    }
 
 
 def project_path(path: str | Path) -> Path:

@@ -11,8 +11,9 @@ from gradinv.settings import from_mapping
 
 
 def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
-    written = prepare_dataset(settings["dataset"], settings["settings"], raw_dir, out.parent,
-                              settings["seed"])
+    written = prepare_dataset(
+        settings["dataset"], settings["settings"], raw_dir, out.parent, settings["seed"]
+    )
     if written != out:
         raise RuntimeError(f"prepare_dataset wrote {written}, expected {out}")
 
@@ -20,7 +21,21 @@ def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
 def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: Path) -> None:
     ds = load_prepared(dataset, prepared_dir)
     p = from_mapping(PartitionSettings, settings["partition"], where="partition")
-    parts = partition_indices(ds.train_labels, p.scheme, p.num_clients, settings["seed"],
-                              alpha=p.alpha, labels_per_client=p.labels_per_client)
-    write_partition(out, parts, {"dataset": dataset, "data_sha256": ds.sha256,
-                                 "seed": settings["seed"], **settings["partition"]})
+    parts = partition_indices(
+        ds.train_labels,
+        p.scheme,
+        p.num_clients,
+        settings["seed"],
+        alpha=p.alpha,
+        labels_per_client=p.labels_per_client,
+    )
+    write_partition(
+        out,
+        parts,
+        {
+            "dataset": dataset,
+            "data_sha256": ds.sha256,
+            "seed": settings["seed"],
+            **settings["partition"],
+        },
+    )

@@ -1,4 +1,4 @@
-"""Stage: render a paper table, its companion Markdown, figures and the comparison with the paper."""
+"""Stage: render a paper table, its Markdown companion, figures and the paper comparison."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ from gradinv.stages.common import project_path
 from gradinv.tables import GridEntry, reconstruction_grid, render_table
 
 
-def run(settings: dict[str, Any], metric_files: list[Path], reconstructions: list[Path],
-        victims: list[Path], out_dir: Path) -> None:
+def run(
+    settings: dict[str, Any],
+    metric_files: list[Path],
+    reconstructions: list[Path],
+    victims: list[Path],
+    out_dir: Path,
+) -> None:
     spec = settings["table"]
     name = settings["table_name"]
     attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
@@ -23,37 +28,58 @@ def run(settings: dict[str, Any], metric_files: list[Path], reconstructions: lis
         "round attacked": settings["capture"]["round"],
         "batch size": settings["capture"]["batch_size"],
         "victims": f"{settings['capture']['victims']} (validation image v x "
-                   f"{settings['capture']['victim_stride']})",
+        f"{settings['capture']['victim_stride']})",
         "threat model": settings["threat_model"],
-        **{f"attack {a}": {k: v for k, v in cfg.items() if k not in ("kind", "label")}
-           for a, cfg in attack_cfgs.items()},
+        **{
+            f"attack {a}": {k: v for k, v in cfg.items() if k not in ("kind", "label")}
+            for a, cfg in attack_cfgs.items()
+        },
         "seed": settings["seed"],
     }
     reference = spec["reference"]
     note = ""
     if settings["scale"] == "embedded":
         cap = settings["capture"]
-        runs = "; ".join(f"{cfg['label']}: {cfg.get('restarts', 1)} restart(s) x "
-                         f"{cfg.get('iterations', '?')} iterations"
-                         for cfg in attack_cfgs.values())
-        note = (f"{spec['scaled_down_note'].strip()} This run: {cap['victims']} victims, "
-                f"batch size {cap['batch_size']}, round {cap['round']}; {runs}.")
-    render_table(name, metric_files, out_dir, attacks=spec["attacks"], defenses=spec["defenses"],
-                 datasets=spec["datasets"], setting=setting,
-                 scaled_down_note=note, reference_csv=project_path(reference) if reference else None,
-                 title=spec["title"], reproduces=spec["title"].split(":")[0])
+        runs = "; ".join(
+            f"{cfg['label']}: {cfg.get('restarts', 1)} restart(s) x "
+            f"{cfg.get('iterations', '?')} iterations"
+            for cfg in attack_cfgs.values()
+        )
+        note = (
+            f"{spec['scaled_down_note'].strip()} This run: {cap['victims']} victims, "
+            f"batch size {cap['batch_size']}, round {cap['round']}; {runs}."
+        )
+    render_table(
+        name,
+        metric_files,
+        out_dir,
+        attacks=spec["attacks"],
+        defenses=spec["defenses"],
+        datasets=spec["datasets"],
+        setting=setting,
+        scaled_down_note=note,
+        reference_csv=project_path(reference) if reference else None,
+        title=spec["title"],
+        reproduces=spec["title"].split(":")[0],
+    )
     _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png")
 
 
-def _grid(metric_files: list[Path], reconstructions: list[Path], victims: list[Path],
-          out: Path) -> None:
+def _grid(
+    metric_files: list[Path], reconstructions: list[Path], victims: list[Path], out: Path
+) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch)."""
     entries = []
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
         row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
-        entries.append(GridEntry(
-            dataset=row["dataset_label"], defense_label=row["defense_label"],
-            attack_label=row["attack_label"], victim=row["victim"],
-            original=secret["images"][0],
-            reconstruction=rec["images"][0] if rec["status"] == "ok" else None))
+        entries.append(
+            GridEntry(
+                dataset=row["dataset_label"],
+                defense_label=row["defense_label"],
+                attack_label=row["attack_label"],
+                victim=row["victim"],
+                original=secret["images"][0],
+                reconstruction=rec["images"][0] if rec["status"] == "ok" else None,
+            )
+        )
     reconstruction_grid(entries, out)

@@ -16,8 +16,16 @@ from gradinv.settings import from_mapping
 from gradinv.stages.common import record, setup
 
 
-def run(settings: dict[str, Any], reconstruction: Path, victim_path: Path, out: Path, *,
-        model: str, round: int, victim: int) -> None:
+def run(
+    settings: dict[str, Any],
+    reconstruction: Path,
+    victim_path: Path,
+    out: Path,
+    *,
+    model: str,
+    round: int,
+    victim: int,
+) -> None:
     setup(settings)
     rec = load_tensors(reconstruction)
     secret = load_tensors(victim_path)
@@ -26,22 +34,38 @@ def run(settings: dict[str, Any], reconstruction: Path, victim_path: Path, out: 
     metric_settings = from_mapping(MetricSettings, metric_cfg, where="metrics")
     defense, attack = settings["defense"], settings["attack"]
     row: dict[str, Any] = {
-        "dataset": settings["dataset"], "dataset_label": settings["dataset_label"],
+        "dataset": settings["dataset"],
+        "dataset_label": settings["dataset_label"],
         "paper_dataset": settings["dataset_label"] if settings["scale"] == "paper" else None,
-        "model": model, "defense": settings["defense_name"], "defense_label": defense["label"],
-        "defense_kind": defense["kind"], "attack": settings["attack_name"],
-        "attack_label": attack["label"], "attack_kind": attack["kind"], "round": round,
-        "batch_size": len(secret["labels"]), "victim": victim, "status": rec["status"],
-        "failure": rec["failure"], "threat_model": settings["threat_model"],
+        "model": model,
+        "defense": settings["defense_name"],
+        "defense_label": defense["label"],
+        "defense_kind": defense["kind"],
+        "attack": settings["attack_name"],
+        "attack_label": attack["label"],
+        "attack_kind": attack["kind"],
+        "round": round,
+        "batch_size": len(secret["labels"]),
+        "victim": victim,
+        "status": rec["status"],
+        "failure": rec["failure"],
+        "threat_model": settings["threat_model"],
         "attack_seconds": rec["seconds"],
         **record(settings, secret["data_sha256"]),
     }
     scores: dict[str, Any] = {}
     if rec["status"] == "ok":
         predicted = None if settings["threat_model"]["labels"] == "known" else rec["labels"]
-        scores = score(rec["images"], secret["images"], metrics=names, settings=metric_settings,
-                       mean=secret["mean"], std=secret["std"], predicted_labels=predicted,
-                       true_labels=secret["labels"])
+        scores = score(
+            rec["images"],
+            secret["images"],
+            metrics=names,
+            settings=metric_settings,
+            mean=secret["mean"],
+            std=secret["std"],
+            predicted_labels=predicted,
+            true_labels=secret["labels"],
+        )
     for name in names:
         row[name] = scores.get(name)
     row["lpips_status"] = scores.get("lpips_status", "not computed: attack failed")
@@ -51,28 +75,52 @@ def run(settings: dict[str, Any], reconstruction: Path, victim_path: Path, out: 
     _track(settings, row, rec, secret)
 
 
-def _track(settings: dict[str, Any], row: dict[str, Any], rec: dict[str, Any],
-           secret: dict[str, Any]) -> None:
+def _track(
+    settings: dict[str, Any], row: dict[str, Any], rec: dict[str, Any], secret: dict[str, Any]
+) -> None:
     from gradinv.stages.tracking import log_job
 
-    key = "/".join(str(row[k]) for k in ("dataset", "model", "defense", "attack", "round",
-                                         "batch_size", "victim"))
-    metrics = {k: row[k] for k in ("mse", "psnr", "ssim", "lpips", "label_accuracy")
-               if k in row and row[k] is not None and not _is_bad(row[k])}
+    key = "/".join(
+        str(row[k])
+        for k in ("dataset", "model", "defense", "attack", "round", "batch_size", "victim")
+    )
+    metrics = {
+        k: row[k]
+        for k in ("mse", "psnr", "ssim", "lpips", "label_accuracy")
+        if k in row and row[k] is not None and not _is_bad(row[k])
+    }
     metrics["attack_seconds"] = row["attack_seconds"]
-    history = {k: [(int(s), float(v)) for s, v in pts]
-               for k, pts in rec.get("history", {}).items() if k.startswith("loss")}
+    history = {
+        k: [(int(s), float(v)) for s, v in pts]
+        for k, pts in rec.get("history", {}).items()
+        if k.startswith("loss")
+    }
     images = {}
     if rec["status"] == "ok":
         for i in range(len(secret["images"])):
             images[f"victim{row['victim']}_{i}_original"] = secret["images"][i]
             images[f"victim{row['victim']}_{i}_reconstruction"] = rec["images"][i]
-    log_job(settings, kind="attack", run_name=f"attack {key}", job_key=f"attack/{key}",
-            params={"attack": settings["attack"], "defense": settings["defense"],
-                    "threat_model": settings["threat_model"], "metrics": settings["metrics"],
-                    "round": row["round"], "batch_size": row["batch_size"],
-                    "victim": row["victim"], "dataset": row["dataset"], "model": row["model"]},
-            metrics=metrics, history=history, summary=row, images=images)
+    log_job(
+        settings,
+        kind="attack",
+        run_name=f"attack {key}",
+        job_key=f"attack/{key}",
+        params={
+            "attack": settings["attack"],
+            "defense": settings["defense"],
+            "threat_model": settings["threat_model"],
+            "metrics": settings["metrics"],
+            "round": row["round"],
+            "batch_size": row["batch_size"],
+            "victim": row["victim"],
+            "dataset": row["dataset"],
+            "model": row["model"],
+        },
+        metrics=metrics,
+        history=history,
+        summary=row,
+        images=images,
+    )
 
 
 def _is_bad(x: Any) -> bool:

@@ -18,24 +18,38 @@ from gradinv.protocol import ServerMessage
 from gradinv.stages.common import derive_seed, model_spec, record, setup
 
 
-def run(settings: dict[str, Any], prepared_dir: Path, partition_path: Path,
-        checkpoints: dict[int, Path], summary_path: Path) -> None:
+def run(
+    settings: dict[str, Any],
+    prepared_dir: Path,
+    partition_path: Path,
+    checkpoints: dict[int, Path],
+    summary_path: Path,
+) -> None:
     setup(settings)
     dataset = settings["dataset"]
     ds = load_prepared(dataset, prepared_dir)
     parts, meta = read_partition(partition_path)
     if meta.get("data_sha256") != ds.sha256:
-        raise RuntimeError(f"{partition_path} was made from another version of {dataset}; "
-                           "rerun snakemake to regenerate it")
+        raise RuntimeError(
+            f"{partition_path} was made from another version of {dataset}; "
+            "rerun snakemake to regenerate it"
+        )
     fl = FLSettings.from_dict(settings["fl"])
     if set(checkpoints) != set(fl.checkpoint_rounds):
-        raise ValueError(f"checkpoint outputs {sorted(checkpoints)} do not match "
-                         f"fl.checkpoint_rounds {list(fl.checkpoint_rounds)}")
+        raise ValueError(
+            f"checkpoint outputs {sorted(checkpoints)} do not match "
+            f"fl.checkpoint_rounds {list(fl.checkpoint_rounds)}"
+        )
     if max(fl.checkpoint_rounds) > fl.rounds:
-        raise ValueError(f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
-                         f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round")
-    defense = build_defense(settings["defense"]["kind"], method_settings(settings["defense"]),
-                            where=f"defenses.{settings['defense_name']}")
+        raise ValueError(
+            f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
+            f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round"
+        )
+    defense = build_defense(
+        settings["defense"]["kind"],
+        method_settings(settings["defense"]),
+        where=f"defenses.{settings['defense_name']}",
+    )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
     # The initial model depends on the seed only, so round 0 is the same for every defense.
     model = defense.wrap_model(build_model(spec, seed=settings["seed"]))
@@ -49,23 +63,39 @@ def run(settings: dict[str, Any], prepared_dir: Path, partition_path: Path,
     hashes: dict[str, str] = {}
 
     def save(rnd: int, m: nn.Module) -> None:
-        msg = ServerMessage(model=spec, state={k: v.detach().clone()
-                                               for k, v in m.state_dict().items()}, round=rnd)
+        msg = ServerMessage(
+            model=spec, state={k: v.detach().clone() for k, v in m.state_dict().items()}, round=rnd
+        )
         hashes[str(rnd)] = save_tensors(checkpoints[rnd], msg.to_dict())
 
     started = time.perf_counter()
     status, failure, history = "ok", None, []
     try:
-        history = train(model, train_x, train_y, parts, test_x, test_y, defense, fl,
-                        seed=derive_seed(settings["seed"], "train", dataset,
-                                         settings["defense_name"]),
-                        on_checkpoint=save)
+        history = train(
+            model,
+            train_x,
+            train_y,
+            parts,
+            test_x,
+            test_y,
+            defense,
+            fl,
+            seed=derive_seed(settings["seed"], "train", dataset, settings["defense_name"]),
+            on_checkpoint=save,
+        )
     except TrainingDiverged as err:
         status, failure = "failed", str(err)
-    summary = {"status": status, "failure": failure, "history": history,
-               "checkpoint_sha256": hashes, "seconds": round(time.perf_counter() - started, 1),
-               "dataset": dataset, "defense": settings["defense_name"],
-               "model": settings["model_name"], **record(settings, ds.sha256)}
+    summary = {
+        "status": status,
+        "failure": failure,
+        "history": history,
+        "checkpoint_sha256": hashes,
+        "seconds": round(time.perf_counter() - started, 1),
+        "dataset": dataset,
+        "defense": settings["defense_name"],
+        "model": settings["model_name"],
+        **record(settings, ds.sha256),
+    }
     write_json(summary_path, summary)
     _track(settings, summary)
     if status != "ok":
@@ -81,9 +111,18 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             if key != "round":
                 history.setdefault(key, []).append((int(row["round"]), float(value)))
     final = {k: v[-1][1] for k, v in history.items()}
-    log_job(settings, kind="train",
-            run_name=f"train {summary['dataset']}/{summary['model']}/{summary['defense']}",
-            job_key=f"train/{summary['dataset']}/{summary['model']}/{summary['defense']}",
-            params={"fl": settings["fl"], "defense": settings["defense"],
-                    "model": settings["model"], "partition": settings["partition"]},
-            metrics=final, history=history, summary=summary)
+    log_job(
+        settings,
+        kind="train",
+        run_name=f"train {summary['dataset']}/{summary['model']}/{summary['defense']}",
+        job_key=f"train/{summary['dataset']}/{summary['model']}/{summary['defense']}",
+        params={
+            "fl": settings["fl"],
+            "defense": settings["defense"],
+            "model": settings["model"],
+            "partition": settings["partition"],
+        },
+        metrics=final,
+        history=history,
+        summary=summary,
+    )
