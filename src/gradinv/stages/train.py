@@ -54,8 +54,11 @@ def run(
     # The initial model depends on the seed only, so round 0 is the same for every defense.
     model = defense.wrap_model(build_model(spec, seed=settings["seed"]))
     train_x, train_y = ds.train_subset(range(len(ds.train_labels)))
-    n_eval = fl.eval_samples or len(ds.val_labels)
-    test_x, test_y = ds.val_batch(range(min(n_eval, len(ds.val_labels))))
+    # Evenly spaced validation images: the validation split is sorted by class, so a prefix
+    # would test on a few classes only.
+    n_val = len(ds.val_labels)
+    step = max(1, n_val // fl.eval_samples) if fl.eval_samples else 1
+    test_x, test_y = ds.val_batch(range(0, n_val, step)[: fl.eval_samples or None])
     from gradinv.protocol import normalize
 
     train_x, test_x = normalize(train_x, ds.mean, ds.std), normalize(test_x, ds.mean, ds.std)
