@@ -30,7 +30,9 @@ def test_seeded_initialisation_is_reproducible(name):
         a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True
     ):
         assert torch.equal(pa, pb)
-    assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=False))
+    assert any(
+        not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=False)
+    )
 
 
 def test_resnet_small_image_stem_keeps_resolution():

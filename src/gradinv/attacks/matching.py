@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 
@@ -24,11 +23,6 @@ def cosine_distance(
         dummy_sq = dummy_sq + d.pow(2).sum()
         target_sq = target_sq + t.pow(2).sum()
     return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
-
-
-def euclidean_distance(dummy: list[Tensor], target: list[Tensor]) -> Tensor:
-    """Sum of squared differences (DLG, Zhu et al. 2019)."""
-    return sum(((d - t) ** 2).sum() for d, t in zip(dummy, target, strict=True))
 
 
 def total_variation(x: Tensor) -> Tensor:
@@ -56,7 +50,3 @@ def target_gradients(
         return [tensors[n].detach() for n in names]
     scale = -1.0 / (local_lr * local_steps)
     return [tensors[n].detach() * scale for n in names]
-
-
-def make_generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)

@@ -14,7 +14,7 @@ from gradinv.defenses import build_defense
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, write_json
 from gradinv.models import build_model
-from gradinv.protocol import ServerMessage
+from gradinv.protocol import ServerMessage, normalize
 from gradinv.stages.common import derive_seed, model_spec, record, setup
 
 
@@ -59,8 +59,6 @@ def run(
     n_val = len(ds.val_labels)
     step = max(1, n_val // fl.eval_samples) if fl.eval_samples else 1
     test_x, test_y = ds.val_batch(range(0, n_val, step)[: fl.eval_samples or None])
-    from gradinv.protocol import normalize
-
     train_x, test_x = normalize(train_x, ds.mean, ds.std), normalize(test_x, ds.mean, ds.std)
 
     hashes: dict[str, str] = {}
