@@ -7,15 +7,22 @@
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
 from gradinv.config import job_settings
-from gradinv.pipeline import setup_environment, validated
+from gradinv import pipeline
 
-setup_environment(workflow.basedir)
+pipeline.setup_environment(workflow.basedir)
 
 
 configfile: "params.yaml"
 
 
-validated(config)
+pipeline.validated(config)
+
+
+envvars: *pipeline.export_runtime(config)
+
+
+if workflow.is_main_process:
+    pipeline.clear_stale_lock()
 
 
 include: "workflow/rules/common.smk"
@@ -27,6 +34,7 @@ include: "workflow/rules/report.smk"
 
 
 onstart:
+    pipeline.claim_lock()
     shell(
         "gradinv tracking-init --experiment {e} --enabled {on} > /dev/null".format(
             e=config["tracking"]["experiment"],
@@ -39,3 +47,13 @@ rule all:
     default_target: True
     input:
         expand("results/{table}.csv", table=config["tables"]),
+
+
+onsuccess:
+    pipeline.release_lock()
+    pipeline.report_tracking_failures()
+
+
+onerror:
+    pipeline.release_lock()
+    pipeline.report_tracking_failures()

@@ -76,7 +76,7 @@ def test_no_attack_can_receive_the_private_batch(kind):
     params = inspect.signature(ATTACKS.get(kind).reconstruct).parameters
     annotations = " ".join(str(p.annotation) for p in params.values())
     assert "PrivateBatch" not in annotations
-    assert list(params) == ["self", "server", "update", "generator"]
+    assert list(params) == ["self", "server", "update", "generator", "device", "progress"]
 
 
 def test_inverting_gradients_reconstructs_a_tiny_case():

@@ -31,6 +31,17 @@ def broken(path: str, value=None, delete: bool = False, rename: str | None = Non
     return cfg
 
 
+def both(first: tuple, second: tuple) -> dict:
+    """A copy of params.yaml with two keys changed (for combinations that cannot work)."""
+    cfg = broken(first[0], first[1])
+    *parents, last = second[0].split(".")
+    node = cfg
+    for key in parents:
+        node = node[key]
+    node[last] = second[1]
+    return cfg
+
+
 def test_the_shipped_params_and_overlay_are_valid():
     load(ROOT / "params.yaml")
     load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",))
@@ -97,6 +108,33 @@ def test_the_shipped_params_and_overlay_are_valid():
         (
             broken("defenses.noise.label", delete=True),
             r"defenses.noise: 'label' is a required property",
+        ),
+        # Unknown names, with the closest valid one suggested.
+        (broken("tables.table1.defenses", ["nosie"]), r"'nosie' .* Did you mean 'noise'"),
+        (broken("tables.table1.attacks", ["igg"]), r"tables.table1.attacks: 'igg' .* 'ig'"),
+        (broken("tables.table1.datasets", ["patchs"]), r"'patchs' .* Did you mean 'patches'"),
+        (broken("models.cnn3.kind", "cnn"), r"models.cnn3.kind: 'cnn' is not one of"),
+        (
+            broken("attacks.ig.kind", "inverting_gradient"),
+            r"attacks.ig.kind: .* Did you mean 'inverting_gradients'",
+        ),
+        (broken("device", "gpu"), r"device: 'gpu' is not one of cpu, cuda, auto"),
+        (broken("progress.every_seconds", -5), r"progress.every_seconds: -5 is out of range"),
+        # Values that are each valid but cannot work together.
+        (broken("fl.checkpoint_rounds", [0, 99]), r"fl.checkpoint_rounds: round 99 is beyond"),
+        (broken("capture.round", 7), r"capture.round: round 7 has no checkpoint"),
+        (broken("fl.clients_per_round", 11), r"fl.clients_per_round: 11 clients per round"),
+        (
+            broken("capture.batch_size", 2000),
+            r"capture: .* needs 3309 images, but it has 1500; lower capture.victims",
+        ),
+        (
+            both(("threat_model.label_rule", "idlg"), ("capture.batch_size", 4)),
+            r"threat_model.label_rule: idlg recovers the label of one image",
+        ),
+        (
+            broken("threat_model.bn_statistics", True),
+            r"threat_model.bn_statistics: true needs batch-norm layers, but .* 'cnn3' has none",
         ),
     ],
 )

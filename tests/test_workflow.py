@@ -28,6 +28,7 @@ def workflow_copy(tmp_path: Path) -> Path:
     for name in ("Snakefile", "params.yaml", "environment.yml"):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "workflow", tmp_path / "workflow")
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
     shutil.copytree(ROOT / "tests" / "configs", tmp_path / "tests" / "configs")
     return tmp_path
 
@@ -110,9 +111,9 @@ def test_tiny_end_to_end_run(tmp_path):
     for name in ("table1_vs_paper.csv", "figures/table1.png", "figures/table1_grid.png"):
         assert (root / "results" / name).stat().st_size > 0
     capture = root / "results/captures/patches/cnn3/none/r0_b1/victim0.pt"
-    import torch
+    from gradinv.io import load_tensors
 
-    shared = torch.load(capture, weights_only=True)
+    shared = load_tensors(capture)
     assert set(shared) == {"server", "update"}  # only what the server sees
     assert shared["update"]["meta"]["labels"] is None
     with sqlite3.connect(root / "mlflow.db") as db:

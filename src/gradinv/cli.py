@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,15 +186,36 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb. Failures a user can act on end with one clear message and an exit code:
+    2 a configuration error, 3 a corrupted or missing input file, and
+    :data:`gradinv.resources.RESOURCE_EXIT_CODE` when memory or disk ran out."""
+    from gradinv.io import CorruptFileError
+    from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
     from gradinv.settings import ConfigError
 
     args = parser().parse_args(argv)
+    # Snakemake stops running jobs with SIGTERM (after Ctrl-C, or --keep-going off): exit through
+    # Python so that temporary files are removed and nothing half-written is left behind.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         args.func(args)
     except ConfigError as err:
         print(f"gradinv {args.verb}: configuration error: {err}", file=sys.stderr)
         return 2
+    except (CorruptFileError, FileNotFoundError) as err:
+        print(f"gradinv {args.verb}: bad input: {err}", file=sys.stderr)
+        return 3
+    except (MemoryError, OSError, RuntimeError) as err:
+        message = explain_failure(err)
+        if message is None:
+            raise
+        print(f"gradinv {args.verb}: {message}", file=sys.stderr)
+        return RESOURCE_EXIT_CODE
     return 0
 
 

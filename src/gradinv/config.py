@@ -118,6 +118,7 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
         lines = "\n  ".join(_describe(e) for e in errors[:10])
         raise ConfigError(f"{source} is invalid:\n  {lines}\nFix these keys and rerun.")
     _check_references(config, source)
+    _check_combinations(config, source)
     return config
 
 
@@ -142,6 +143,70 @@ def _check_references(config: dict[str, Any], source: str) -> None:
             raise ConfigError(
                 f"{source}: tables.{table}.model: {spec['model']!r} is not defined under models."
             )
+
+
+def _check_combinations(config: dict[str, Any], source: str) -> None:
+    """Values that are each valid but cannot work together."""
+    fl, cap, threat = config["fl"], config["capture"], config["threat_model"]
+
+    def fail(message: str) -> None:
+        raise ConfigError(f"{source}: {message}")
+
+    if max(fl["checkpoint_rounds"]) > fl["rounds"]:
+        fail(
+            f"fl.checkpoint_rounds: round {max(fl['checkpoint_rounds'])} is beyond fl.rounds "
+            f"({fl['rounds']}); raise fl.rounds or drop that round."
+        )
+    if cap["round"] not in fl["checkpoint_rounds"]:
+        fail(
+            f"capture.round: round {cap['round']} has no checkpoint; add it to "
+            f"fl.checkpoint_rounds ({fl['checkpoint_rounds']})."
+        )
+    if fl["clients_per_round"] > config["partition"]["num_clients"]:
+        fail(
+            f"fl.clients_per_round: {fl['clients_per_round']} clients per round, but "
+            f"partition.num_clients is {config['partition']['num_clients']}; lower one or "
+            "raise the other."
+        )
+    if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and cap["batch_size"] > 1:
+        fail(
+            f"threat_model.label_rule: idlg recovers the label of one image, but "
+            f"capture.batch_size is {cap['batch_size']}; use label_rule yin (or auto)."
+        )
+    from gradinv.data import DATASETS
+    from gradinv.settings import from_mapping
+
+    for table, spec in config["tables"].items():
+        for name in spec["datasets"]:
+            src = config["data"]["sources"][name]
+            dataset = DATASETS.get(name)
+            where = f"data.sources.{name}"
+            pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
+            need = (cap["victims"] - 1) * cap["victim_stride"] + cap["batch_size"]
+            if pool is not None and need > pool:
+                fail(
+                    f"capture: tables.{table} attacks {cap['victims']} victims of "
+                    f"{cap['batch_size']} image(s) every {cap['victim_stride']} validation "
+                    f"images of {name}, which needs {need} images, but it has {pool}; lower "
+                    "capture.victims, capture.victim_stride or capture.batch_size."
+                )
+        if threat["bn_statistics"] and not _has_batch_norm(config["models"][spec["model"]]):
+            fail(
+                f"threat_model.bn_statistics: true needs batch-norm layers, but "
+                f"tables.{table}.model {spec['model']!r} has none; set it to false or use a "
+                "model with norm: batch."
+            )
+
+
+def _has_batch_norm(model: dict[str, Any]) -> bool:
+    import torch
+
+    from gradinv.models import build_model
+    from gradinv.protocol import ModelSpec
+
+    settings = method_settings(model)
+    spec = ModelSpec(model["kind"], 10, 3, 32, settings)
+    return any(isinstance(m, torch.nn.BatchNorm2d) for m in build_model(spec).modules())
 
 
 def load(path: str | Path = "params.yaml", overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
@@ -177,12 +242,15 @@ def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
-    """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger)."""
+    """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger).
+
+    Only what changes a result is here. How a job runs (threads, the MLflow experiment, the
+    progress interval) reaches it through the environment, so changing it reruns nothing.
+    """
     common = {
         "seed": config["seed"],
         "scale": config["scale"],
-        "tracking": config["tracking"],
-        "threads": config["threads_per_job"],
+        "device": config["device"],
     }
     if stage == "prepare":
         src = config["data"]["sources"][w["dataset"]]

@@ -3,11 +3,17 @@
 Every output of the pipeline is written to a temporary file in the same folder and renamed into
 place, so an interrupted job never leaves a half-written file that looks finished. Tensor files are
 read with ``weights_only=True``: a file from elsewhere cannot run code when it is loaded.
+
+Tensor files verify themselves: :func:`save_tensors` stores the payload with a sha256 of its
+content (every tensor's dtype, shape and bytes, every other value's JSON), and
+:func:`load_tensors` recomputes it. A truncated file fails to unpickle, an altered one fails the
+digest; both raise :class:`CorruptFileError` naming the file and the command that regenerates it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -28,6 +34,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)  # left by a writer that was killed (SIGKILL) mid-write
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -52,14 +60,28 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    """Read a JSON file; a truncated or garbled one raises :class:`CorruptFileError`."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptFileError(
+            f"{path} is not valid JSON ({err}). Regenerate it with: "
+            f"rm -f {path} && snakemake {path} --cores 1"
+        ) from None
+
+
+FORMAT = "gradinv-tensors/1"
 
 
 def save_tensors(path: str | os.PathLike[str], obj: Any) -> str:
-    """Save ``obj`` (tensors, numbers, strings, lists and dicts of them); return its sha256."""
+    """Save ``obj`` (tensors, numbers, strings, lists and dicts of them); return the file's sha256.
+
+    The file holds ``obj`` with a digest of its content, checked by :func:`load_tensors`.
+    """
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        with open(tmp, "wb") as f:  # through a file object, a full disk keeps its errno
+            torch.save({"format": FORMAT, "sha256": content_digest(obj), "payload": obj}, f)
         digest = sha256_file(tmp)
     return digest
 
@@ -67,9 +89,14 @@ def save_tensors(path: str | os.PathLike[str], obj: Any) -> str:
 def load_tensors(
     path: str | os.PathLike[str], expected_sha256: str | None = None, remedy: str = ""
 ) -> Any:
-    """Load a file written by :func:`save_tensors`, verifying its sha256 when one is given."""
+    """Load a file written by :func:`save_tensors` and verify its content digest.
+
+    ``expected_sha256`` (the whole file's, e.g. from a manifest) is checked too when given.
+    ``remedy`` is the command that regenerates the file; by default, Snakemake's for its path.
+    """
     path = Path(path)
-    hint = f" Regenerate it with: {remedy}" if remedy else " Delete it and rerun the pipeline."
+    remedy = remedy or f"rm -f {path} && snakemake {path} --cores 1"
+    hint = f" Regenerate it with: {remedy}"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist.{hint}")
     if expected_sha256 is not None:
@@ -80,9 +107,41 @@ def load_tensors(
                 f"{expected_sha256[:12]}....{hint}"
             )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
         raise CorruptFileError(f"{path} cannot be read ({err}).{hint}") from err
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT or "payload" not in saved:
+        raise CorruptFileError(f"{path} is not a gradinv tensor file ({FORMAT}).{hint}")
+    if content_digest(saved["payload"]) != saved.get("sha256"):
+        raise CorruptFileError(
+            f"{path} is corrupted: its content does not match the sha256 stored with it.{hint}"
+        )
+    return saved["payload"]
+
+
+def content_digest(obj: Any) -> str:
+    """sha256 of a nested structure of tensors and JSON values (independent of pickling)."""
+    h = hashlib.sha256()
+    _digest_into(h, obj)
+    return h.hexdigest()
+
+
+def _digest_into(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for key in obj:  # insertion order: saved and loaded dicts keep it
+            h.update(json.dumps(str(key)).encode())
+            _digest_into(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for item in obj:
+            _digest_into(h, item)
+    else:
+        h.update(json.dumps(obj, allow_nan=True, default=repr).encode())
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:

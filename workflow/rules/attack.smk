@@ -6,6 +6,8 @@ rule attack:
     params:
         settings=lambda w: job_settings(config, "attack", **w),
     threads: config["threads_per_job"]
+    resources:
+        gpu=GPU_PER_JOB,
     conda:
         "../../environment.yml"
     log:

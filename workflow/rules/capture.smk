@@ -7,6 +7,8 @@ rule capture:
     params:
         settings=lambda w: job_settings(config, "capture", **w),
     threads: config["threads_per_job"]
+    resources:
+        gpu=GPU_PER_JOB,
     conda:
         "../../environment.yml"
     log:

@@ -12,6 +12,10 @@ wildcard_constraints:
 
 RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
 
+# Jobs on a GPU each hold one `gpu` token; the profile grants as many as there are GPUs, and the
+# job takes a GPU no other job holds (gradinv.resources.acquire_device).
+GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
+
 
 def table_jobs(table, stage, ext):
     """Every per-victim file of `stage` that table `table` aggregates."""

@@ -11,6 +11,8 @@ rule train:
     params:
         settings=lambda w: job_settings(config, "train", **w),
     threads: config["threads_per_job"]
+    resources:
+        gpu=GPU_PER_JOB,
     conda:
         "../../environment.yml"
     log:

@@ -9,7 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from gradinv.models import build_model
+from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
+
+CPU = torch.device("cpu")
 
 
 class AttackFailed(RuntimeError):
@@ -42,6 +45,13 @@ class AttackResult:
 
 
 class Attack:
+    """An attack: ``Settings`` (a frozen dataclass) and :meth:`reconstruct`.
+
+    ``reconstruct`` runs on ``device``; a long attack accepts a ``progress``
+    (:class:`gradinv.progress.Progress`), saves its loop state when ``progress.due()`` and resumes
+    from ``progress.load()``, so an interrupted job continues with the same result.
+    """
+
     Settings: ClassVar[type]
 
     def __init__(self, settings: Any, threat: ThreatModel) -> None:
@@ -49,14 +59,21 @@ class Attack:
         self.threat = threat
 
     def reconstruct(
-        self, server: ServerMessage, update: SharedUpdate, generator: torch.Generator
+        self,
+        server: ServerMessage,
+        update: SharedUpdate,
+        generator: torch.Generator,
+        *,
+        device: torch.device = CPU,
+        progress: Progress | None = None,
     ) -> AttackResult:
         raise NotImplementedError
 
-    def server_model(self, server: ServerMessage) -> nn.Module:
-        """The attacker's copy of the global model, in the victim's mode, frozen."""
+    def server_model(self, server: ServerMessage, device: torch.device = CPU) -> nn.Module:
+        """The attacker's copy of the global model on ``device``, in the victim's mode."""
         model = build_model(server.model)
         model.load_state_dict(server.state)
+        model.to(device)
         model.train(self.threat.model_mode == "train")
         for p in model.parameters():
             p.requires_grad_(True)

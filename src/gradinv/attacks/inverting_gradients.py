@@ -5,7 +5,8 @@ Optimise dummy images in the model's normalised input space to minimise the cosi
 between their gradient and the shared one, plus a total-variation prior; Adam with step decay at
 3/8, 5/8 and 7/8 of the iterations; pixels boxed to the valid range after every step; optionally
 the sign of the image gradient (the paper's choice); R restarts, keeping the one whose final
-gradient distance is lowest.
+gradient distance is lowest. With a :class:`~gradinv.progress.Progress` the loop saves its state
+(images, Adam and scheduler state, generator, history) and resumes from it bit for bit.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
-from gradinv.attacks.base import Attack, AttackFailed, AttackResult
+from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult
 from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import cosine_distance, target_gradients, total_variation
 from gradinv.models import classifier_layer
+from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
 
@@ -39,20 +41,30 @@ class InvertingGradients(Attack):
         log_every: int = bounded(25, ge=1)
 
     def reconstruct(
-        self, server: ServerMessage, update: SharedUpdate, generator: torch.Generator
+        self,
+        server: ServerMessage,
+        update: SharedUpdate,
+        generator: torch.Generator,
+        *,
+        device: torch.device = CPU,
+        progress: Progress | None = None,
     ) -> AttackResult:
         s, meta = self.settings, update.meta
-        model = self.server_model(server)
+        model = self.server_model(server, device)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         target = target_gradients(
-            update.tensors, [n for n, _ in named], update.kind, meta.local_lr, meta.local_steps
+            {k: v.to(device) for k, v in update.tensors.items()},
+            [n for n, _ in named],
+            update.kind,
+            meta.local_lr,
+            meta.local_steps,
         )
-        labels = self._labels(model, update)
+        labels = self._labels(model, update).to(device)
 
         shape = (meta.batch_size, *meta.image_shape)
-        mean = torch.tensor(meta.mean).view(1, -1, 1, 1)
-        std = torch.tensor(meta.std).view(1, -1, 1, 1)
+        mean = torch.tensor(meta.mean, device=device).view(1, -1, 1, 1)
+        std = torch.tensor(meta.std, device=device).view(1, -1, 1, 1)
         low, high = (0 - mean) / std, (1 - mean) / std
 
         def match_loss(x: torch.Tensor) -> torch.Tensor:
@@ -60,16 +72,29 @@ class InvertingGradients(Attack):
             dummy = torch.autograd.grad(loss, params, create_graph=True)
             return cosine_distance(list(dummy), target, s.nonzero_only)
 
-        best = None
+        best: tuple[float, int, torch.Tensor] | None = None
         history: dict[str, list[tuple[int, float]]] = {}
         milestones = [int(s.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
-        for restart in range(s.restarts):
-            x = torch.randn(shape, generator=generator).requires_grad_(True)
+        first_restart, first_it, saved = 0, 0, progress.load() if progress else None
+        if saved is not None:
+            first_restart, first_it = saved["restart"], saved["iteration"]
+            history, best = saved["history"], saved["best"]
+            progress.resumed(f"restart {first_restart + 1}, iteration {first_it}")
+        for restart in range(first_restart, s.restarts):
+            x = torch.randn(shape, generator=generator).to(device).requires_grad_(True)
             opt = torch.optim.Adam([x], lr=s.lr)
             sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
+            start = 0
+            if saved is not None and restart == first_restart:
+                with torch.no_grad():
+                    x.copy_(saved["x"])
+                opt.load_state_dict(saved["optimizer"])
+                sched.load_state_dict(saved["scheduler"])
+                generator.set_state(saved["generator"])
+                start = first_it
             curve = history.setdefault(f"loss_restart{restart}", [])
             bar = tqdm(
-                range(s.iterations),
+                range(start, s.iterations),
                 desc=f"IG restart {restart + 1}/{s.restarts}",
                 mininterval=5.0,
                 leave=False,
@@ -92,18 +117,31 @@ class InvertingGradients(Attack):
                         x.data = torch.max(torch.min(x, high), low)
                 if it % s.log_every == 0 or it == s.iterations - 1:
                     curve.append((it, objective.item()))
+                if progress and progress.due():
+                    progress.save(
+                        {
+                            "restart": restart,
+                            "iteration": it + 1,
+                            "x": x.detach().cpu(),
+                            "optimizer": opt.state_dict(),
+                            "scheduler": sched.state_dict(),
+                            "generator": generator.get_state(),
+                            "history": history,
+                            "best": best,
+                        }
+                    )
             final = match_loss(x.detach()).item()
             history.setdefault("final_gradient_distance", []).append((restart, final))
             if not torch.isfinite(torch.tensor(final)):
                 raise AttackFailed(f"non-finite final gradient distance at restart {restart}")
             if best is None or final < best[0]:
-                best = (final, restart, x.detach().clone())
+                best = (final, restart, x.detach().cpu().clone())
 
         assert best is not None
         images = denormalize(best[2], meta.mean, meta.std).clamp(0, 1)
         return AttackResult(
             images=images,
-            labels=labels,
+            labels=labels.cpu(),
             history=history,
             summary={"best_restart": best[1], "gradient_distance": best[0]},
         )

@@ -93,6 +93,12 @@ class DatasetSource:
         """Return the splits; ``root`` is where downloads go (``data/raw/<name>``)."""
         raise NotImplementedError
 
+    @classmethod
+    def val_size(cls, settings: Any) -> int | None:
+        """The validation images the settings yield, when known without the data (else None);
+        the config check uses it to reject victims beyond the end of the validation split."""
+        return None
+
 
 def resize_images(images: Tensor, size: int, chunk: int = 2048) -> Tensor:
     """Bilinear resize of uint8 (N, C, H, W) images to ``size``×``size``, antialiased.

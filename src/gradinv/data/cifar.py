@@ -10,7 +10,7 @@ test split our validation split (the attacked images come from it, as in breachi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -18,35 +18,40 @@ from torch import Tensor
 from torchvision import datasets
 
 from gradinv.data import DATASETS
-from gradinv.data.download import DownloadSettings, TorchvisionSource, fetch, mirror_url, verify
+from gradinv.data.download import (
+    DownloadSettings,
+    TorchvisionSource,
+    download,
+    extract_tar,
+    md5_file,
+    mirror_url,
+    verify,
+)
 
 
 class _Cifar(TorchvisionSource):
     tv_class: ClassVar[type[datasets.CIFAR10]]
 
     @classmethod
+    def val_size(cls, settings: Any) -> int:
+        return min(settings.val_limit or 10_000, 10_000)  # the official test split: 10,000
+
+    @classmethod
     def fetch_splits(
         cls, settings: DownloadSettings, root: Path
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
-        base = cls.tv_class
-        url = mirror_url(base.url, settings.mirror)
-        # A subclass with the same name changes only the URL; the checksums stay torchvision's.
-        tv = type(base.__name__, (base,), {"url": url})
-        splits = [
-            fetch(
-                lambda train=train: tv(str(root), train=train, download=True),
-                name=cls.name,
-                urls=[url],
-                root=root,
-            )
-            for train in (True, False)
-        ]
+        tv = cls.tv_class
+        url = mirror_url(tv.url, settings.mirror)  # file name and checksums stay torchvision's
         folder = root / tv.base_folder
-        verify(
-            cls.name,
-            [(folder / f, md5) for f, md5 in tv.train_list + tv.test_list]
-            + [(folder / tv.meta["filename"], tv.meta["md5"])],
-        )
+        extracted = [(folder / f, md5) for f, md5 in tv.train_list + tv.test_list]
+        extracted.append((folder / tv.meta["filename"], tv.meta["md5"]))
+        # Files already extracted are used only if every one matches its MD5; otherwise the
+        # (verified) archive is unpacked again over them.
+        if any(not path.is_file() or md5_file(path) != md5 for path, md5 in extracted):
+            archive = download([url], root / tv.filename, tv.tgz_md5, name=cls.name)
+            extract_tar(archive, root, name=cls.name)
+        verify(cls.name, extracted)
+        splits = [tv(str(root), train=train, download=False) for train in (True, False)]
         out: list = []
         for ds in splits:
             out.append(torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))))

@@ -15,7 +15,7 @@ from torch import Tensor
 from torchvision import datasets
 
 from gradinv.data import DATASETS
-from gradinv.data.download import DownloadSettings, TorchvisionSource, fetch, verify
+from gradinv.data.download import DownloadSettings, TorchvisionSource, download, gunzip
 
 
 @DATASETS.register("mnist")
@@ -27,22 +27,16 @@ class Mnist(TorchvisionSource):
     def fetch_splits(
         cls, settings: DownloadSettings, root: Path
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
-        base = datasets.MNIST
-        mirrors = [settings.mirror.rstrip("/") + "/"] if settings.mirror else list(base.mirrors)
-        # Same class name, so torchvision's folder (root/MNIST/raw) and checksums are unchanged.
-        tv = type(base.__name__, (base,), {"mirrors": mirrors})
-        splits = [
-            fetch(
-                lambda train=train: tv(str(root), train=train, download=True),
-                name=cls.name,
-                urls=mirrors,
-                root=root,
-            )
-            for train in (True, False)
-        ]
-        raw = Path(splits[0].raw_folder)
-        # torchvision only checks that the unpacked files exist; check the archives' MD5s too.
-        verify(cls.name, [(raw / f, md5) for f, md5 in tv.resources])
+        tv = datasets.MNIST
+        mirrors = [settings.mirror.rstrip("/") + "/"] if settings.mirror else list(tv.mirrors)
+        # torchvision's folder (root/MNIST/raw), file names and checksums; it reads the unpacked
+        # files, which have no recorded checksum, so they are unpacked again from the verified
+        # archives on every load rather than trusted.
+        raw = root / tv.__name__ / "raw"
+        for fname, md5 in tv.resources:
+            archive = download([m + fname for m in mirrors], raw / fname, md5, name=cls.name)
+            gunzip(archive, raw / fname.removesuffix(".gz"))
+        splits = [tv(str(root), train=train, download=False) for train in (True, False)]
         out: list = []
         for ds in splits:
             out.append(ds.data.unsqueeze(1).contiguous())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import skimage.data
@@ -128,6 +128,10 @@ class Patches(DatasetSource):
                 )
             if len(set(self.photos)) != len(self.photos) or len(self.photos) < 2:
                 raise ConfigError("data.patches.photos: list at least two distinct photos.")
+
+    @classmethod
+    def val_size(cls, settings: Any) -> int:
+        return len(settings.photos) * settings.val_per_class
 
     @classmethod
     def load(cls, settings: Settings, root: Path, seed: int) -> RawSplits:

@@ -51,4 +51,6 @@ class Defense:
         return self.transform(grads, generator)
 
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+        """The shared gradients. ``generator`` is a CPU generator: draw random numbers on the CPU
+        and move them to the gradients' device, so a seed gives the same draws on any device."""
         raise NotImplementedError

@@ -23,6 +23,6 @@ class GaussianNoise(Defense):
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
         std = self.settings.std
         return {
-            n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype)
+            n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype).to(g.device)
             for n, g in grads.items()
         }

@@ -7,11 +7,14 @@ averaged like any FedAvg state; they never reach an attacker's capture (the capt
 server's model, not the victim's statistics).
 
 Round 0 is the seeded initial model; the checkpoint of round r is the model after r rounds.
+Given a :class:`~gradinv.progress.Progress`, the loop saves its whole state (model, random
+generators, history) at the progress interval and resumes from it, bit for bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +26,7 @@ from tqdm import tqdm
 
 from gradinv.defenses import Defense
 from gradinv.fl.client import client_update
+from gradinv.progress import Progress
 
 
 class TrainingDiverged(RuntimeError):
@@ -72,6 +76,7 @@ def train(
     fl: FLSettings,
     seed: int,
     on_checkpoint: Callable[[int, nn.Module], None],
+    progress: Progress | None = None,
 ) -> list[dict[str, float]]:
     """Run ``fl.rounds`` rounds; call ``on_checkpoint`` at each checkpoint round.
 
@@ -80,10 +85,21 @@ def train(
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
-    if 0 in fl.checkpoint_rounds:
-        on_checkpoint(0, model)
-    history.append({"round": 0, **evaluate(model, test_x, test_y)})
-    for rnd in tqdm(range(1, fl.rounds + 1), desc="FL rounds", mininterval=5.0):
+    first = 1
+    saved = progress.load() if progress else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        rng.bit_generator.state = saved["numpy_rng"]
+        generator.set_state(saved["torch_rng"])
+        history, first = saved["history"], saved["round"] + 1
+        progress.resumed(f"after round {saved['round']} of {fl.rounds}")
+        for rnd in fl.checkpoint_rounds:  # declared outputs were deleted: write them again
+            if rnd < first:
+                on_checkpoint(rnd, _with_state(model, progress.load(f"round{rnd}")["model"]))
+    else:
+        _checkpoint(0, model, fl, on_checkpoint, progress)
+        history.append({"round": 0, **evaluate(model, test_x, test_y)})
+    for rnd in tqdm(range(first, fl.rounds + 1), desc="FL rounds", mininterval=5.0):
         clients = rng.choice(len(parts), size=min(fl.clients_per_round, len(parts)), replace=False)
         updates, locals_ = [], []
         train_loss = 0.0
@@ -112,9 +128,42 @@ def train(
         if rnd % fl.eval_every == 0 or rnd == fl.rounds or rnd in fl.checkpoint_rounds:
             row |= evaluate(model, test_x, test_y)
         history.append(row)
-        if rnd in fl.checkpoint_rounds:
-            on_checkpoint(rnd, model)
+        _checkpoint(rnd, model, fl, on_checkpoint, progress)
+        if progress and (progress.due() or rnd == fl.rounds):
+            progress.save(
+                {
+                    "round": rnd,
+                    "model": _state(model),
+                    "numpy_rng": rng.bit_generator.state,
+                    "torch_rng": generator.get_state(),
+                    "history": history,
+                }
+            )
     return history
+
+
+def _state(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _with_state(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    copy = deepcopy(model)
+    copy.load_state_dict(state)
+    return copy
+
+
+def _checkpoint(
+    rnd: int,
+    model: nn.Module,
+    fl: FLSettings,
+    on_checkpoint: Callable[[int, nn.Module], None],
+    progress: Progress | None,
+) -> None:
+    if rnd not in fl.checkpoint_rounds:
+        return
+    on_checkpoint(rnd, model)
+    if progress:  # kept so that a resumed run can write this checkpoint again
+        progress.save({"model": _state(model)}, name=f"round{rnd}")
 
 
 def _aggregate(

@@ -10,16 +10,22 @@ import torch
 
 from gradinv.attacks import AttackFailed, ThreatModel, build_attack
 from gradinv.config import method_settings
-from gradinv.io import load_tensors, save_tensors
+from gradinv.io import load_tensors, save_tensors, sha256_file, sha256_json
+from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
+from gradinv.resources import acquire_device
 from gradinv.stages.common import derive_seed, setup
 
 
 def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
     setup(settings)
-    data = load_tensors(capture, remedy=f"snakemake {capture} --cores 1 --forcerun capture")
+    data = load_tensors(capture)
+    if data.get("status") == "failed":  # no update was shared (training failed upstream)
+        save_tensors(out, {"status": "failed", "failure": data["failure"], "seconds": 0.0})
+        return
     server = ServerMessage.from_dict(data["server"])
     update = SharedUpdate.from_dict(data["update"])
+    progress = Progress.for_output(out, sha256_json([settings, sha256_file(capture)]))
     cfg = settings["attack"]
     attack = build_attack(
         cfg["kind"],
@@ -31,7 +37,8 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
     started = time.perf_counter()
     result: dict[str, Any] = {"status": "ok", "failure": None}
     try:
-        rec = attack.reconstruct(server, update, generator)
+        with acquire_device(settings["device"]) as device:
+            rec = attack.reconstruct(server, update, generator, device=device, progress=progress)
         if not torch.isfinite(rec.images).all():
             raise AttackFailed("the reconstruction contains non-finite pixels")
         result |= {
@@ -45,3 +52,4 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
         result |= {"status": "failed", "failure": str(err)}
     result["seconds"] = round(time.perf_counter() - started, 2)
     save_tensors(out, result)
+    progress.finish()

@@ -19,6 +19,7 @@ from gradinv.fl.client import client_update
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate
+from gradinv.resources import acquire_device
 from gradinv.stages.common import derive_seed, setup
 
 
@@ -58,7 +59,12 @@ def run(
     settings: dict[str, Any], checkpoint: Path, victim_path: Path, victim: int, out: Path
 ) -> None:
     setup(settings)
-    server = ServerMessage.from_dict(load_tensors(checkpoint))
+    saved = load_tensors(checkpoint)
+    if saved.get("status") == "failed":
+        # Training never reached this round: nothing was shared, and the table will say why.
+        save_tensors(out, {"status": "failed", "failure": f"training failed: {saved['failure']}"})
+        return
+    server = ServerMessage.from_dict(saved)
     secret = load_tensors(victim_path)
     batch = PrivateBatch.from_dict(secret)
     mean, std = tuple(secret["mean"]), tuple(secret["std"])
@@ -69,9 +75,6 @@ def run(
         method_settings(defense_cfg),
         where=f"defenses.{settings['defense_name']}",
     )
-    model = defense.wrap_model(build_model(server.model))
-    model.load_state_dict(server.state)
-    model.train(threat["model_mode"] == "train")
     fl = settings["fl"]
     seed = derive_seed(
         settings["seed"],
@@ -81,16 +84,20 @@ def run(
         server.round,
         victim,
     )
-    update, _ = client_update(
-        model,
-        batch.normalized(mean, std),
-        batch.labels,
-        defense,
-        protocol=fl["protocol"],
-        local_steps=fl["local_steps"],
-        local_lr=fl["local_lr"],
-        generator=torch.Generator().manual_seed(seed),
-    )
+    with acquire_device(settings["device"]) as device:
+        model = defense.wrap_model(build_model(server.model))
+        model.load_state_dict(server.state)
+        model.to(device).train(threat["model_mode"] == "train")
+        update, _ = client_update(
+            model,
+            batch.normalized(mean, std).to(device),
+            batch.labels.to(device),
+            defense,
+            protocol=fl["protocol"],
+            local_steps=fl["local_steps"],
+            local_lr=fl["local_lr"],
+            generator=torch.Generator().manual_seed(seed),
+        )
     meta = PublicMeta(
         dataset=settings["dataset"],
         batch_size=len(batch.labels),
@@ -107,7 +114,9 @@ def run(
         labels=tuple(batch.labels.tolist()) if threat["labels"] == "known" else None,
     )
     shared = SharedUpdate(
-        tensors=update, kind="gradient" if fl["protocol"] == "fedsgd" else "delta", meta=meta
+        tensors={k: v.cpu() for k, v in update.items()},
+        kind="gradient" if fl["protocol"] == "fedsgd" else "delta",
+        meta=meta,
     )
     # Only what the server sees: the model it sent and the update it received.
     save_tensors(out, {"server": server.to_dict(), "update": shared.to_dict()})

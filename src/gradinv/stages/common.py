@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from gradinv.protocol import ModelSpec
 
 
 def setup(settings: dict[str, Any]) -> None:
-    """One job, ``threads`` torch threads: Snakemake's --cores decides how many jobs run."""
-    torch.set_num_threads(int(settings.get("threads", 1)))
+    """Torch uses the job's threads (Snakemake sets OMP_NUM_THREADS from the rule's ``threads``)."""
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 

@@ -1,11 +1,29 @@
-"""The stages' one call into MLflow: log a finished job, never fail it."""
+"""The stages' one call into MLflow: log a finished job, never fail it.
+
+A run that cannot be logged (store locked past every retry, disk full, MLflow broken) is printed
+in the job's log and appended to ``results/logs/tracking-failures.log``; the Snakefile reports
+the count when the workflow ends. The job itself succeeds: its results are on disk.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from gradinv.config import project_root
+
+ENV_EXPERIMENT = "GRADINV_TRACKING_EXPERIMENT"
+ENV_ENABLED = "GRADINV_TRACKING_ENABLED"
+
+
+def tracking_target() -> tuple[str, bool]:
+    """The MLflow experiment and whether to log, as the Snakefile set them from params.yaml."""
+    enabled = os.environ.get(ENV_ENABLED, "true").lower() not in ("0", "false", "no", "off")
+    return os.environ.get(ENV_EXPERIMENT, "gradinv"), enabled
 
 
 def log_job(
@@ -21,9 +39,9 @@ def log_job(
     images: dict[str, Any] | None = None,
     artifacts: dict[str, Path] | None = None,
 ) -> str | None:
-    from gradinv.tracking import log_run
+    from gradinv.tracking import log_run, tracking_enabled
 
-    tracking = settings["tracking"]
+    experiment, enabled = tracking_target()
     tags = {
         "gradinv.kind": kind,
         "gradinv.status": summary.get("status", "ok"),
@@ -34,17 +52,44 @@ def log_job(
     }
     if summary.get("failure"):
         tags["gradinv.failure"] = str(summary["failure"])[:5000]
-    return log_run(
-        experiment=tracking["experiment"],
-        run_name=run_name,
-        job_key=job_key,
-        params=params,
-        metrics=metrics,
-        history=history,
-        tags=tags,
-        images=images,
-        artifacts=artifacts,
-        status="FINISHED" if summary.get("status", "ok") == "ok" else "FAILED",
-        project_root=project_root(),
-        enabled=tracking["enabled"],
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_id = log_run(
+            experiment=experiment,
+            run_name=run_name,
+            job_key=job_key,
+            params=params,
+            metrics=metrics,
+            history=history,
+            tags=tags,
+            images=images,
+            artifacts=artifacts,
+            status="FINISHED" if summary.get("status", "ok") == "ok" else "FAILED",
+            project_root=project_root(),
+            enabled=enabled,
+        )
+    for w in caught:
+        print(f"gradinv: WARNING: {w.message}", file=sys.stderr)
+    if run_id is None and tracking_enabled(enabled):
+        reason = "; ".join(str(w.message) for w in caught) or "unknown reason"
+        _report_failure(job_key, reason)
+    return run_id
+
+
+FAILURES = Path("results") / "logs" / "tracking-failures.log"
+
+
+def _report_failure(job_key: str, reason: str) -> None:
+    """The science job succeeded but its MLflow run is missing: say so where the run ends."""
+    path = project_root() / FAILURES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"job": job_key, "reason": reason[:2000]}) + "\n"
+    with open(path, "a") as f:  # one short O_APPEND write per job: lines never interleave
+        f.write(line)
+
+
+def tracking_failures() -> list[dict[str, str]]:
+    path = project_root() / FAILURES
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,4 +1,10 @@
-"""Stage: federated training of the global model under one defense, with checkpoints per round."""
+"""Stage: federated training of the global model under one defense, with checkpoints per round.
+
+Long runs resume from their saved progress (:mod:`gradinv.progress`). A run whose loss or update
+becomes non-finite ends as *failed*: the reason goes to summary.json and MLflow, and each
+checkpoint it could not reach is written as a failure record, so every capture, attack and table
+cell downstream reports the failure instead of the pipeline stopping.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,11 @@ from gradinv.config import method_settings
 from gradinv.data import load_prepared, read_partition
 from gradinv.defenses import build_defense
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
-from gradinv.io import save_tensors, write_json
+from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
 from gradinv.models import build_model
+from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
+from gradinv.resources import acquire_device
 from gradinv.stages.common import derive_seed, model_spec, record, setup
 
 
@@ -51,41 +59,48 @@ def run(
         where=f"defenses.{settings['defense_name']}",
     )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
-    # The initial model depends on the seed only, so round 0 is the same for every defense.
-    model = defense.wrap_model(build_model(spec, seed=settings["seed"]))
-    train_x, train_y = ds.train_subset(range(len(ds.train_labels)))
-    # Evenly spaced validation images: the validation split is sorted by class, so a prefix
-    # would test on a few classes only.
-    n_val = len(ds.val_labels)
-    step = max(1, n_val // fl.eval_samples) if fl.eval_samples else 1
-    test_x, test_y = ds.val_batch(range(0, n_val, step)[: fl.eval_samples or None])
-    train_x, test_x = normalize(train_x, ds.mean, ds.std), normalize(test_x, ds.mean, ds.std)
-
+    progress = Progress.for_output(
+        summary_path, sha256_json([settings, ds.sha256, sha256_file(partition_path)])
+    )
     hashes: dict[str, str] = {}
 
     def save(rnd: int, m: nn.Module) -> None:
-        msg = ServerMessage(
-            model=spec, state={k: v.detach().clone() for k, v in m.state_dict().items()}, round=rnd
-        )
+        state = {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
+        msg = ServerMessage(model=spec, state=state, round=rnd)
         hashes[str(rnd)] = save_tensors(checkpoints[rnd], msg.to_dict())
 
     started = time.perf_counter()
     status, failure, history = "ok", None, []
-    try:
-        history = train(
-            model,
-            train_x,
-            train_y,
-            parts,
-            test_x,
-            test_y,
-            defense,
-            fl,
-            seed=derive_seed(settings["seed"], "train", dataset, settings["defense_name"]),
-            on_checkpoint=save,
-        )
-    except TrainingDiverged as err:
-        status, failure = "failed", str(err)
+    with acquire_device(settings["device"]) as device:
+        # The initial model depends on the seed only, so round 0 is the same for every defense.
+        model = defense.wrap_model(build_model(spec, seed=settings["seed"])).to(device)
+        train_x, train_y = ds.train_subset(range(len(ds.train_labels)))
+        # Evenly spaced validation images: the validation split is sorted by class, so a prefix
+        # would test on a few classes only.
+        n_val = len(ds.val_labels)
+        step = max(1, n_val // fl.eval_samples) if fl.eval_samples else 1
+        test_x, test_y = ds.val_batch(range(0, n_val, step)[: fl.eval_samples or None])
+        train_x = normalize(train_x, ds.mean, ds.std).to(device)
+        test_x = normalize(test_x, ds.mean, ds.std).to(device)
+        try:
+            history = train(
+                model,
+                train_x,
+                train_y.to(device),
+                parts,
+                test_x,
+                test_y.to(device),
+                defense,
+                fl,
+                seed=derive_seed(settings["seed"], "train", dataset, settings["defense_name"]),
+                on_checkpoint=save,
+                progress=progress,
+            )
+        except TrainingDiverged as err:
+            status, failure = "failed", str(err)
+            for rnd, path in checkpoints.items():
+                if str(rnd) not in hashes:
+                    save_tensors(path, {"status": "failed", "failure": failure, "round": rnd})
     summary = {
         "status": status,
         "failure": failure,
@@ -98,9 +113,10 @@ def run(
         **record(settings, ds.sha256),
     }
     write_json(summary_path, summary)
-    _track(settings, summary)
+    progress.finish()
     if status != "ok":
-        raise TrainingDiverged(f"{failure}; recorded in {summary_path}")
+        print(f"gradinv: training FAILED: {failure} (recorded in {summary_path})")
+    _track(settings, summary)
 
 
 def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:

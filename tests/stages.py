@@ -1,0 +1,172 @@
+"""Run the pipeline's stages in-process, as Snakemake's rules would, for the reliability tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from gradinv.cli import main
+from gradinv.config import REPO_ROOT, job_settings, load, validate
+
+MICRO = REPO_ROOT / "tests" / "configs" / "micro.yaml"
+
+
+class Stages:
+    """The micro configuration's stages for one defense, writing under ``root``."""
+
+    def __init__(self, root: Path, defense: str = "none", **changes: Any) -> None:
+        config = copy.deepcopy(load(REPO_ROOT / "params.yaml", (MICRO,)))
+        for dotted, value in changes.items():
+            *parents, last = dotted.split("__")
+            node = config
+            for key in parents:
+                node = node[key]
+            node[last] = value
+        self.config = validate(config)
+        self.root, self.defense = root, defense
+        rnd = self.config["capture"]["round"]
+        self.w = dict(dataset="patches", model="cnn3", defense=defense, round=str(rnd), bs="1")
+        run = f"patches/cnn3/{defense}/r{rnd}_b1"
+        self.prepared = root / "data/prepared/patches.pt"
+        self.partition = root / "data/partitions/patches.json"
+        rounds = self.config["fl"]["checkpoint_rounds"]
+        self.checkpoints = [
+            root / f"results/checkpoints/patches/cnn3/{defense}/round{r}.pt" for r in rounds
+        ]
+        self.captured_checkpoint = self.checkpoints[rounds.index(rnd)]
+        self.summary = root / f"results/train/patches/cnn3/{defense}/summary.json"
+        self.victim = root / "results/victims/patches/b1/victim0.pt"
+        self.capture = root / f"results/captures/{run}/victim0.pt"
+        self.attack = root / f"results/attacks/{run}/ig/victim0.pt"
+        self.metrics = root / f"results/metrics/{run}/ig/victim0.json"
+
+    def settings(self, stage: str, **w: str) -> str:
+        return job_settings(self.config, stage, **{**self.w, **w})
+
+    def prepare(self) -> int:
+        return main(
+            [
+                "prepare",
+                "--settings",
+                self.settings("prepare"),
+                "--raw-dir",
+                str(self.root / "raw"),
+                "--out",
+                str(self.prepared),
+            ]
+        )
+
+    def partition_data(self) -> int:
+        return main(
+            [
+                "partition",
+                "--settings",
+                self.settings("partition"),
+                "--dataset",
+                "patches",
+                "--prepared-dir",
+                str(self.prepared.parent),
+                "--out",
+                str(self.partition),
+            ]
+        )
+
+    def train(self) -> int:
+        return main(
+            [
+                "train",
+                "--settings",
+                self.settings("train"),
+                "--prepared-dir",
+                str(self.prepared.parent),
+                "--partition",
+                str(self.partition),
+                "--checkpoints",
+                *map(str, self.checkpoints),
+                "--summary",
+                str(self.summary),
+            ]
+        )
+
+    def select_victim(self) -> int:
+        return main(
+            [
+                "victim",
+                "--dataset",
+                "patches",
+                "--prepared-dir",
+                str(self.prepared.parent),
+                "--victim",
+                "0",
+                "--batch-size",
+                "1",
+                "--stride",
+                "37",
+                "--out",
+                str(self.victim),
+            ]
+        )
+
+    def capture_update(self) -> int:
+        return main(
+            [
+                "capture",
+                "--settings",
+                self.settings("capture"),
+                "--checkpoint",
+                str(self.captured_checkpoint),
+                "--victim-file",
+                str(self.victim),
+                "--victim",
+                "0",
+                "--out",
+                str(self.capture),
+            ]
+        )
+
+    def run_attack(self) -> int:
+        return main(
+            [
+                "attack",
+                "--settings",
+                self.settings("attack", attack="ig"),
+                "--capture",
+                str(self.capture),
+                "--out",
+                str(self.attack),
+            ]
+        )
+
+    def score(self) -> int:
+        return main(
+            [
+                "score",
+                "--settings",
+                self.settings("score", attack="ig"),
+                "--reconstruction",
+                str(self.attack),
+                "--victim-file",
+                str(self.victim),
+                "--out",
+                str(self.metrics),
+                "--model",
+                "cnn3",
+                "--round",
+                self.w["round"],
+                "--victim",
+                "0",
+            ]
+        )
+
+    def all(self) -> None:
+        for step in (
+            self.prepare,
+            self.partition_data,
+            self.train,
+            self.select_victim,
+            self.capture_update,
+            self.run_attack,
+            self.score,
+        ):
+            assert step() == 0, step.__name__

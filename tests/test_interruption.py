@@ -1,0 +1,251 @@
+"""Interruption: a killed run loses no finished work, leaves nothing half-written, and resumes.
+
+Long jobs save progress at an undeclared path and resume from it with the same result as an
+uninterrupted run; a killed Snakemake (SIGINT or SIGKILL) is rerun with the same command.
+"""
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gradinv.attacks import ThreatModel, build_attack
+from gradinv.defenses import build_defense
+from gradinv.fl.client import client_update
+from gradinv.fl.server import FLSettings, train
+from gradinv.io import load_tensors, save_tensors
+from gradinv.models import build_model
+from gradinv.progress import Progress
+from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate
+from test_workflow import SNAKEMAKE, workflow_copy
+
+MICRO = "tests/configs/micro.yaml"
+
+
+class Interrupted(Exception):
+    pass
+
+
+class StopAfter(Progress):
+    """Progress that saves every step and 'kills' the job after ``saves`` saves."""
+
+    def __init__(self, folder: Path, saves: int) -> None:
+        super().__init__(folder, fingerprint="f", every=0)
+        self.left = saves
+
+    def save(self, state, name="state"):
+        super().save(state, name)
+        if name == "state":
+            self.left -= 1
+            if self.left == 0:
+                raise Interrupted
+
+
+def _fl_case():
+    spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 3, 16, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
+    parts = [list(range(i, 64, 4)) for i in range(4)]
+    fl = FLSettings.from_dict(
+        dict(
+            protocol="fedsgd",
+            rounds=6,
+            clients_per_round=2,
+            batch_size=8,
+            lr=0.05,
+            local_steps=1,
+            local_lr=0.0,
+            eval_every=1,
+            checkpoint_rounds=[0, 3, 6],
+            eval_samples=16,
+        )
+    )
+    defense = build_defense("gaussian_noise", {"std": 0.01}, where="test")  # uses the generator
+    return spec, x, y, parts, fl, defense
+
+
+def _train(progress):
+    spec, x, y, parts, fl, defense = _fl_case()
+    model = build_model(spec, seed=0)
+    checkpoints = {}
+
+    def keep(rnd, m):
+        checkpoints[rnd] = {k: v.clone() for k, v in m.state_dict().items()}
+
+    history = train(model, x, y, parts, x[:16], y[:16], defense, fl, 7, keep, progress)
+    return checkpoints, history
+
+
+def test_training_resumes_to_the_same_checkpoints_and_history(tmp_path):
+    expected, expected_history = _train(None)
+    with pytest.raises(Interrupted):
+        _train(StopAfter(tmp_path / "p", saves=4))  # killed after round 4
+    resumed = Progress(tmp_path / "p", fingerprint="f", every=0)
+    checkpoints, history = _train(resumed)
+    assert history == expected_history
+    assert sorted(checkpoints) == [0, 3, 6]  # the deleted outputs of rounds 0 and 3 come back
+    for rnd in expected:
+        for k in expected[rnd]:
+            assert torch.equal(checkpoints[rnd][k], expected[rnd][k]), (rnd, k)
+
+
+def test_progress_from_other_settings_is_ignored(tmp_path):
+    with pytest.raises(Interrupted):
+        _train(StopAfter(tmp_path / "p", saves=2))
+    assert Progress(tmp_path / "p", fingerprint="other settings", every=0).load() is None
+    assert Progress(tmp_path / "p", fingerprint="f", every=0).load()["round"] == 2
+
+
+def _attack_case():
+    spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
+    model = build_model(spec, seed=0)
+    images = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    labels = torch.tensor([2])
+    none = build_defense("none", {}, where="test")
+    grads, _ = client_update(
+        model,
+        images,
+        labels,
+        none,
+        protocol="fedsgd",
+        local_steps=1,
+        local_lr=0.0,
+        generator=torch.Generator(),
+    )
+    meta = PublicMeta(
+        dataset="t",
+        batch_size=1,
+        image_shape=(3, 16, 16),
+        num_classes=4,
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        model_mode="eval",
+        defense="none",
+        defense_kind="none",
+        defense_settings={},
+        local_steps=1,
+        local_lr=0.0,
+        labels=None,
+    )
+    server = ServerMessage(model=spec, state=model.state_dict(), round=0)
+    return server, SharedUpdate(tensors=grads, kind="gradient", meta=meta)
+
+
+def _attack(progress):
+    server, update = _attack_case()
+    settings = {"iterations": 40, "restarts": 3, "log_every": 5, "lr": 0.1}
+    attack = build_attack("inverting_gradients", settings, ThreatModel(), where="test")
+    return attack.reconstruct(server, update, torch.Generator().manual_seed(5), progress=progress)
+
+
+# In the first restart, at its last step, and in the second restart (the third one must then
+# start from the same random images as without the interruption).
+@pytest.mark.parametrize("saves", [10, 40, 55])
+def test_attack_resumes_to_the_same_reconstruction(tmp_path, saves):
+    expected = _attack(None)
+    with pytest.raises(Interrupted):
+        _attack(StopAfter(tmp_path / "p", saves=saves))
+    resumed = _attack(Progress(tmp_path / "p", fingerprint="f", every=0))
+    assert torch.equal(resumed.images, expected.images)
+    assert resumed.history == expected.history
+    assert resumed.summary == expected.summary
+
+
+def test_a_truncated_progress_file_is_ignored_not_trusted(tmp_path):
+    folder = tmp_path / "p"
+    save_tensors(folder / "state.pt", {"fingerprint": "f", "state": {"round": 3}})
+    data = (folder / "state.pt").read_bytes()
+    (folder / "state.pt").write_bytes(data[: len(data) // 2])
+    assert Progress(folder, fingerprint="f", every=0).load() is None
+
+
+# --- Killing Snakemake -------------------------------------------------------------------------
+
+
+def _start(root: Path) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
+    env.pop("GRADINV_TRACKING_URI", None)  # the workflow's own store, in its folder
+    return subprocess.Popen(
+        [*SNAKEMAKE, "results/table1.csv", "--cores", "2", "--configfile", MICRO],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal or a batch system has
+    )
+
+
+def _finished(root: Path) -> dict[str, int]:
+    """Outputs Snakemake has recorded as complete, with their modification times."""
+    incomplete = {
+        base64.b64decode(p.name.encode()).decode()
+        for p in (root / ".snakemake" / "incomplete").glob("*")
+        if p.is_file()
+    }
+    out = {}
+    for stage in ("checkpoints", "train", "victims", "captures", "attacks", "metrics"):
+        for path in (root / "results" / stage).rglob("*"):
+            rel = str(path.relative_to(root))
+            if path.is_file() and not path.name.startswith(".") and rel not in incomplete:
+                out[rel] = path.stat().st_mtime_ns
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, sig):
+    root = workflow_copy(tmp_path)
+    proc = _start(root)
+    deadline = time.monotonic() + 600
+    metrics = root / "results" / "metrics"
+    while len(list(metrics.rglob("*.json"))) < 2:  # part of the way through the attacks
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)
+    proc.wait(timeout=120)
+    if sig == signal.SIGKILL:
+        os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
+        assert any((root / ".snakemake" / "locks").glob("*.lock"))  # the killed run's lock
+    time.sleep(0.5)
+    before = _finished(root)
+    assert before and not (root / "results/table1.csv").exists()
+
+    again = subprocess.run(
+        [*SNAKEMAKE, "results/table1.csv", "--cores", "2", "--configfile", MICRO],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={k: v for k, v in os.environ.items() if k != "GRADINV_TRACKING_URI"},
+    )
+    assert again.returncode == 0, again.stderr[-4000:]
+    after = _finished(root)
+    recomputed = [p for p, mtime in before.items() if after.get(p) != mtime]
+    assert recomputed == []  # finished jobs are kept as they were
+    assert (root / "results/table1.csv").exists()
+    leftovers = [p for p in (root / "results").rglob("*.tmp")]
+    assert leftovers == []  # no temporary file survives the resumed run
+    for path in (root / "results").rglob("*.pt"):
+        if ".progress" not in path.parts:
+            load_tensors(path)  # every tensor output is whole and verified
+    assert not list((root / "results" / ".progress").rglob("*.pt"))  # finished jobs clean up
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
