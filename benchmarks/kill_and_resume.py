@@ -17,7 +17,6 @@ end. Reports, as JSON on stdout and in results/benchmarks/kill_and_resume.json:
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import signal
@@ -27,22 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = ("checkpoints", "train", "victims", "captures", "attacks", "metrics")
-
-
-def finished_outputs(root: Path) -> dict[str, int]:
-    """Outputs Snakemake has recorded as complete (no incomplete marker), with their mtimes."""
-    marker_dir = root / ".snakemake" / "incomplete"
-    incomplete = {
-        base64.b64decode(p.name.encode()).decode() for p in marker_dir.glob("*") if p.is_file()
-    }
-    out = {}
-    for stage in STAGES:
-        for path in (root / "results" / stage).rglob("*"):
-            rel = str(path.relative_to(root))
-            if path.is_file() and not path.name.startswith(".") and rel not in incomplete:
-                out[rel] = path.stat().st_mtime_ns
-    return out
+from gradinv.pipeline import finished_outputs
 
 
 def mlflow_runs(root: Path) -> list[tuple[str, str]]:

@@ -2,40 +2,18 @@
 scratch, and every run records its seed."""
 
 import json
-import os
 import sqlite3
-import subprocess
 
 import pytest
 
-from test_workflow import SNAKEMAKE, workflow_copy
-
-
-def _run(root):
-    env = {k: v for k, v in os.environ.items() if k != "GRADINV_TRACKING_URI"}
-    proc = subprocess.run(
-        [
-            *SNAKEMAKE,
-            "results/table1.csv",
-            "--cores",
-            "2",
-            "--configfile",
-            "tests/configs/micro.yaml",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+from test_workflow import run_target, workflow_copy
 
 
 @pytest.mark.slow
 def test_a_rerun_from_scratch_gives_a_byte_identical_table(tmp_path):
     first, second = workflow_copy(tmp_path / "a"), workflow_copy(tmp_path / "b")
-    _run(first)
-    _run(second)
+    for root in (first, second):
+        run_target(root, "--cores", "2", "--configfile", "tests/configs/micro.yaml")
     for name in ("table1.csv", "table1.md", "table1_vs_paper.csv"):
         assert (first / "results" / name).read_bytes() == (second / "results" / name).read_bytes()
     metrics = sorted((first / "results/metrics").rglob("*.json"))

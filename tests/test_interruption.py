@@ -4,7 +4,6 @@ Long jobs save progress at an undeclared path and resume from it with the same r
 uninterrupted run; a killed Snakemake (SIGINT or SIGKILL) is rerun with the same command.
 """
 
-import base64
 import os
 import signal
 import subprocess
@@ -21,9 +20,10 @@ from gradinv.fl.client import client_update
 from gradinv.fl.server import FLSettings, train
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
+from gradinv.pipeline import finished_outputs
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate
-from test_workflow import SNAKEMAKE, workflow_copy
+from test_workflow import SNAKEMAKE, run_target, workflow_copy
 
 MICRO = "tests/configs/micro.yaml"
 
@@ -182,22 +182,6 @@ def _start(root: Path) -> subprocess.Popen:
     )
 
 
-def _finished(root: Path) -> dict[str, int]:
-    """Outputs Snakemake has recorded as complete, with their modification times."""
-    incomplete = {
-        base64.b64decode(p.name.encode()).decode()
-        for p in (root / ".snakemake" / "incomplete").glob("*")
-        if p.is_file()
-    }
-    out = {}
-    for stage in ("checkpoints", "train", "victims", "captures", "attacks", "metrics"):
-        for path in (root / "results" / stage).rglob("*"):
-            rel = str(path.relative_to(root))
-            if path.is_file() and not path.name.startswith(".") and rel not in incomplete:
-                out[rel] = path.stat().st_mtime_ns
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, sig):
@@ -215,19 +199,11 @@ def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, si
         os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
         assert any((root / ".snakemake" / "locks").glob("*.lock"))  # the killed run's lock
     time.sleep(0.5)
-    before = _finished(root)
+    before = finished_outputs(root)
     assert before and not (root / "results/table1.csv").exists()
 
-    again = subprocess.run(
-        [*SNAKEMAKE, "results/table1.csv", "--cores", "2", "--configfile", MICRO],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={k: v for k, v in os.environ.items() if k != "GRADINV_TRACKING_URI"},
-    )
-    assert again.returncode == 0, again.stderr[-4000:]
-    after = _finished(root)
+    run_target(root, "--cores", "2", "--configfile", MICRO)  # the same command again
+    after = finished_outputs(root)
     recomputed = [p for p, mtime in before.items() if after.get(p) != mtime]
     assert recomputed == []  # finished jobs are kept as they were
     assert (root / "results/table1.csv").exists()

@@ -5,37 +5,19 @@ a locked store, and a tracking failure is reported without failing the science j
 test_tracking.py.)"""
 
 import json
-import os
 import sqlite3
-import subprocess
 
 import pytest
 
 from gradinv.io import read_json
 from stages import Stages
-from test_workflow import SNAKEMAKE, workflow_copy
+from test_workflow import run_target, workflow_copy
 
 
 @pytest.mark.slow
 def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
     root = workflow_copy(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "GRADINV_TRACKING_URI"}
-    proc = subprocess.run(
-        [
-            *SNAKEMAKE,
-            "results/table1.csv",
-            "--cores",
-            "4",
-            "--configfile",
-            "tests/configs/micro.yaml",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_target(root, "--cores", "4", "--configfile", "tests/configs/micro.yaml")
     jobs = {  # the jobs that log a run: one summary per training job, one metrics file per score
         "train": len(list((root / "results/train").rglob("summary.json"))),
         "score": len(list((root / "results/metrics").rglob("*.json"))),

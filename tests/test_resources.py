@@ -113,7 +113,8 @@ def _enospc():
 
 def test_save_tensors_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
     def save_half(obj, f):  # the disk fills up halfway through the file
-        Path(f).write_bytes(b"PK\x03\x04 partial")
+        f.write(b"PK\x03\x04 partial")
+        f.flush()
         raise _enospc()
 
     monkeypatch.setattr(gradinv.io.torch, "save", save_half)

@@ -137,3 +137,23 @@ def report_tracking_failures() -> None:
             "jobs' outputs to log them again.",
             file=sys.stderr,
         )
+
+
+def finished_outputs(root: str | Path = ".") -> dict[str, int]:
+    """Per-job outputs under results/ that Snakemake recorded as complete, with their mtimes.
+
+    A file with an incomplete marker (its job was killed before Snakemake saw it finish) is left
+    out: the next run redoes it. Used to check that a resumed run recomputes nothing finished.
+    """
+    import base64
+
+    root = Path(root)
+    markers = (root / ".snakemake" / "incomplete").glob("*")
+    incomplete = {base64.b64decode(p.name.encode()).decode() for p in markers if p.is_file()}
+    out = {}
+    for stage in ("checkpoints", "train", "victims", "captures", "attacks", "metrics"):
+        for path in (root / "results" / stage).rglob("*"):
+            rel = str(path.relative_to(root))
+            if path.is_file() and not path.name.startswith(".") and rel not in incomplete:
+                out[rel] = path.stat().st_mtime_ns
+    return out
