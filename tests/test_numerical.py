@@ -26,6 +26,7 @@ def test_diverged_training_fails_its_run_and_every_result_downstream(tmp_path, m
     s.all()  # every stage exits 0: a failed run is a result, not a crash
     summary = read_json(s.summary)
     assert summary["status"] == "failed" and "non-finite" in summary["failure"]
+    assert summary["history"][0]["round"] == 0  # the rounds before the failure are kept
     assert load_tensors(s.checkpoints[0])["round"] == 0  # round 0 was reached and is real
     assert load_tensors(s.captured_checkpoint)["status"] == "failed"
     assert load_tensors(s.capture)["status"] == "failed"

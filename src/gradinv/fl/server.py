@@ -30,7 +30,11 @@ from gradinv.progress import Progress
 
 
 class TrainingDiverged(RuntimeError):
-    """A non-finite loss or update: the run is recorded as failed."""
+    """A non-finite loss or update: the run is recorded as failed, with its history so far."""
+
+    def __init__(self, message: str, history: list[dict[str, float]] | None = None) -> None:
+        super().__init__(message)
+        self.history = list(history or [])
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,12 @@ def train(
             )
             updates.append(update)
             locals_.append(local)
-        _aggregate(model, updates, locals_, fl)
         if not np.isfinite(train_loss):
-            raise TrainingDiverged(f"non-finite training loss at round {rnd}")
+            raise TrainingDiverged(f"non-finite training loss at round {rnd}", history)
+        try:
+            _aggregate(model, updates, locals_, fl)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} at round {rnd}", history) from None
         row: dict[str, float] = {"round": rnd, "train_loss": train_loss}
         if rnd % fl.eval_every == 0 or rnd == fl.rounds or rnd in fl.checkpoint_rounds:
             row |= evaluate(model, test_x, test_y)

@@ -97,7 +97,7 @@ def run(
                 progress=progress,
             )
         except TrainingDiverged as err:
-            status, failure = "failed", str(err)
+            status, failure, history = "failed", str(err), err.history
             for rnd, path in checkpoints.items():
                 if str(rnd) not in hashes:
                     save_tensors(path, {"status": "failed", "failure": failure, "round": rnd})
