@@ -21,7 +21,7 @@ def _setup():
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_keeps_names_shapes_and_dtypes(kind):
     model, x, y = _setup()
-    defense = build_defense(kind, {}, where=f"defenses.{kind}")
+    defense = build_defense(kind, {}, where=f"defenses.{kind}", update_lr=0.1)
     shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     assert set(shared) == names
@@ -33,7 +33,7 @@ def test_every_defense_keeps_names_shapes_and_dtypes(kind):
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_is_deterministic_given_the_generator(kind):
     model, x, y = _setup()
-    defense = build_defense(kind, {}, where="d")
+    defense = build_defense(kind, {}, where="d", update_lr=0.1)
     a = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
     b = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
     assert all(torch.equal(a[n], b[n]) for n in a)

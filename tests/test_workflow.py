@@ -79,8 +79,8 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
         for line in proc.stdout.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    assert counts["attack"] == 3 * 4 * 10  # datasets x defenses x victims
-    assert counts["train"] == 3 * 4
+    assert counts["attack"] == 3 * 5 * 10  # datasets x defenses x victims
+    assert counts["train"] == 3 * 5
 
 
 def test_lint_is_clean():
@@ -115,7 +115,7 @@ def test_tiny_end_to_end_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = list(csv.DictReader((root / "results/table1.csv").open()))
-    assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi"]
+    assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi", "Censor"]
     for r in rows:
         assert r["dataset"] == "Patches"
         assert int(r["IG PSNR↓ n"]) == 2 and int(r["IG PSNR↓ failed"]) == 0
@@ -137,7 +137,7 @@ def test_tiny_end_to_end_run(tmp_path):
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.kind' and r.lifecycle_stage = 'active' group by t.value"
         ).fetchall()
-    assert dict(runs) == {"train": 4, "attack": 8}
+    assert dict(runs) == {"train": 5, "attack": 10}
     # A second run has nothing to do: finished jobs are not recomputed.
     again = snakemake(
         "results/table1.csv", "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=root

@@ -15,13 +15,21 @@ from gradinv.settings import from_mapping
 
 DEFENSES: Registry[type[Defense]] = Registry("defense")
 
-from gradinv.defenses import clipping, noise, none, sparsification  # noqa: E402, F401
+from gradinv.defenses import censor, clipping, noise, none, sparsification  # noqa: E402, F401
 
 
-def build_defense(kind: str, settings: dict[str, Any], where: str) -> Defense:
-    """Instantiate the defense registered as ``kind`` with its settings from params.yaml."""
+def build_defense(
+    kind: str, settings: dict[str, Any], where: str, update_lr: float | None = None
+) -> Defense:
+    """Instantiate the defense registered as ``kind`` with its settings from params.yaml.
+
+    ``update_lr`` is the learning rate of the step the client's update will drive (``fl.lr``
+    under FedSGD, ``fl.local_lr`` under FedAvg); defenses that look ahead (CENSOR) use it.
+    """
     cls = DEFENSES.get(kind)
-    return cls(from_mapping(cls.Settings, settings, where=where))
+    defense = cls(from_mapping(cls.Settings, settings, where=where))
+    defense.update_lr = update_lr
+    return defense
 
 
 __all__ = ["DEFENSES", "Defense", "Gradients", "build_defense", "gradients_of"]

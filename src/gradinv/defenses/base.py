@@ -31,6 +31,7 @@ class Defense:
     """
 
     Settings: ClassVar[type]
+    update_lr: float | None = None  # the client's step size, set by build_defense
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings

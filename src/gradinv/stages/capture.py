@@ -20,7 +20,7 @@ from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, setup
+from gradinv.stages.common import derive_seed, setup, update_lr
 
 
 def victim_indices(victim: int, batch_size: int, stride: int, n_val: int) -> list[int]:
@@ -74,6 +74,7 @@ def run(
         defense_cfg["kind"],
         method_settings(defense_cfg),
         where=f"defenses.{settings['defense_name']}",
+        update_lr=update_lr(settings["fl"]),
     )
     fl = settings["fl"]
     seed = derive_seed(
@@ -118,5 +119,7 @@ def run(
         kind="gradient" if fl["protocol"] == "fedsgd" else "delta",
         meta=meta,
     )
+    if getattr(defense, "last", None):  # client-side diagnostics, for the job's log only
+        print(f"gradinv: {defense_cfg['kind']} diagnostics: {defense.last}")
     # Only what the server sees: the model it sent and the update it received.
     save_tensors(out, {"server": server.to_dict(), "update": shared.to_dict()})

@@ -27,6 +27,11 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
+def update_lr(fl: dict[str, Any]) -> float:
+    """The learning rate of the step a client's update drives (FedSGD: the server's)."""
+    return fl["lr"] if fl["protocol"] == "fedsgd" else fl["local_lr"]
+
+
 def model_spec(model: dict[str, Any], num_classes: int, image_shape: tuple[int, ...]) -> ModelSpec:
     settings = {k: v for k, v in model.items() if k not in ("kind", "label")}
     return ModelSpec(

@@ -23,7 +23,7 @@ from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, model_spec, record, setup
+from gradinv.stages.common import derive_seed, model_spec, record, setup, update_lr
 
 
 def run(
@@ -57,6 +57,7 @@ def run(
         settings["defense"]["kind"],
         method_settings(settings["defense"]),
         where=f"defenses.{settings['defense_name']}",
+        update_lr=update_lr(settings["fl"]),
     )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
     progress = Progress.for_output(
@@ -106,6 +107,7 @@ def run(
         "failure": failure,
         "history": history,
         "checkpoint_sha256": hashes,
+        "defense_stats": getattr(defense, "stats", None),  # e.g. CENSOR's fallback count
         "seconds": round(time.perf_counter() - started, 1),
         "dataset": dataset,
         "defense": settings["defense_name"],
