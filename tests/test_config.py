@@ -91,8 +91,8 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"metrics.lpips_net: 'resnet' is not one of vgg, alex",
         ),
         (
-            broken("tables.table1.defenses", ["none", "censor"]),
-            r"tables.table1.defenses: 'censor' is not defined under defenses",
+            broken("tables.table1.defenses", ["none", "soteria"]),
+            r"tables.table1.defenses: 'soteria' is not defined under defenses",
         ),
         (
             broken("tables.table1.model", "vgg"),
