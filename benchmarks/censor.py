@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from gradinv.defenses import build_defense, gradients_of
+from gradinv.defenses.censor import gradient_cosine
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 
@@ -105,7 +106,7 @@ def selection(trials: int) -> list[dict[str, object]]:
                     for _ in range(trials)
                 ]
                 base, losses = d._losses(model, x, y, F.cross_entropy, cands, eta)
-                cos = [_cosine(c, true) for c in cands]
+                cos = [gradient_cosine(c, true) for c in cands]
                 best = int(torch.argmin(losses))
                 diff = (losses - base).tolist()
                 rows.append(
@@ -121,13 +122,6 @@ def selection(trials: int) -> list[dict[str, object]]:
                     }
                 )
     return rows
-
-
-def _cosine(a, b) -> float:
-    dot = sum((a[n] * b[n]).sum() for n in b)
-    na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
-    nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))
-    return float(dot / (na * nb))
 
 
 def main() -> int:

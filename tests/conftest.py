@@ -7,8 +7,12 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.pop("MLFLOW_RUN_ID", None)
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+
+from localhttp import Server
 
 torch.set_num_threads(1)
 
@@ -19,3 +23,12 @@ def _isolated_tracking(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADINV_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[Server]:
+    """A local HTTP server for the download tests, serving ``tmp_path/www``."""
+    (tmp_path / "www").mkdir()
+    s = Server(tmp_path / "www")
+    yield s
+    s.close()

@@ -14,10 +14,6 @@ import io
 import pickle
 import struct
 import tarfile
-import threading
-from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -33,38 +29,6 @@ RNG = np.random.default_rng(0)
 
 def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-class Server:
-    """A static file server on a free local port, recording the paths it was asked for
-    (torchvision asks twice per file: once to resolve redirects, once to download)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.requests: list[str] = []
-        server = self
-
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, fmt: str, *args: object) -> None:
-                server.requests.append(self.path)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[Server]:
-    (tmp_path / "www").mkdir()
-    s = Server(tmp_path / "www")
-    yield s
-    s.close()
 
 
 def tamper(path: Path) -> None:

@@ -21,8 +21,6 @@ import sys
 import tarfile
 import threading
 from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -54,42 +52,6 @@ def files_under(folder: Path) -> dict[Path, bytes | None]:
         p: (p.read_bytes() if p.is_file() and not p.is_symlink() else None)
         for p in sorted(folder.rglob("*"))
     }
-
-
-class Server:
-    """A static file server on a free local port, recording the paths it was asked for."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.requests: list[str] = []
-        server = self
-
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, fmt: str, *args: object) -> None:
-                server.requests.append(self.path)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        serve = partial(self.httpd.serve_forever, poll_interval=0.05)  # quick shutdown
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-
-    def serve(self, name: str, data: bytes) -> str:
-        (self.root / name).write_bytes(data)
-        return f"{self.url}/{name}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[Server]:
-    (tmp_path / "www").mkdir()
-    s = Server(tmp_path / "www")
-    yield s
-    s.close()
 
 
 class Payload:

@@ -8,6 +8,7 @@ import pytest
 from gradinv.io import load_tensors, read_json, save_tensors
 from gradinv.tables import collect, render_table
 from stages import Stages
+from test_tables import run, write
 
 
 def _mlflow_runs(db):
@@ -54,41 +55,11 @@ def test_a_nan_in_the_shared_update_fails_the_attack(tmp_path, monkeypatch):
     assert status == "FAILED" and "non-finite attack loss" in reason
 
 
-def _row(victim, status, psnr):
-    return {
-        "dataset": "patches",
-        "dataset_label": "Patches",
-        "paper_dataset": None,
-        "model": "cnn3",
-        "defense": "none",
-        "defense_label": "No Defense",
-        "defense_kind": "none",
-        "attack": "ig",
-        "attack_label": "IG",
-        "attack_kind": "inverting_gradients",
-        "round": 0,
-        "batch_size": 1,
-        "victim": victim,
-        "status": status,
-        "failure": None if status == "ok" else "non-finite",
-        "mse": None if psnr is None else 0.01,
-        "psnr": psnr,
-        "ssim": None if psnr is None else 0.5,
-        "lpips": None,
-        "lpips_status": "unavailable",
-        "label_accuracy": None,
-        "matching": None,
-        "scale": "embedded",
-    }
-
-
 def test_tables_count_failed_victims_and_never_average_them(tmp_path):
-    import json
-
-    paths = []
-    for v, (status, psnr) in enumerate([("ok", 20.0), ("ok", 10.0), ("failed", None)]):
-        paths.append(tmp_path / f"m{v}.json")
-        paths[-1].write_text(json.dumps(_row(v, status, psnr)))
+    failed = {"status": "failed", "failure": "non-finite", "mse": None, "psnr": None, "ssim": None}
+    paths = write(
+        tmp_path, [run(victim=0, psnr=20.0), run(victim=1, psnr=10.0), run(victim=2, **failed)]
+    )
     assert len(collect(paths)) == 3  # the failed victim is kept, not dropped
     render_table(
         "t",

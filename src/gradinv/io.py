@@ -66,9 +66,13 @@ def read_json(path: str | os.PathLike[str]) -> Any:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CorruptFileError(
-            f"{path} is not valid JSON ({err}). Regenerate it with: "
-            f"rm -f {path} && snakemake {path} --cores 1"
+            f"{path} is not valid JSON ({err}).{regenerate_hint(path)}"
         ) from None
+
+
+def regenerate_hint(path: str | os.PathLike[str], remedy: str = "") -> str:
+    """The sentence every corrupted-file message ends with: by default, Snakemake's command."""
+    return f" Regenerate it with: {remedy or f'rm -f {path} && snakemake {path} --cores 1'}"
 
 
 FORMAT = "gradinv-tensors/1"
@@ -95,8 +99,7 @@ def load_tensors(
     ``remedy`` is the command that regenerates the file; by default, Snakemake's for its path.
     """
     path = Path(path)
-    remedy = remedy or f"rm -f {path} && snakemake {path} --cores 1"
-    hint = f" Regenerate it with: {remedy}"
+    hint = regenerate_hint(path, remedy)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist.{hint}")
     if expected_sha256 is not None:

@@ -107,7 +107,7 @@ class Censor(Defense):
                 stacklevel=2,
             )
             shared = original
-        cosine = _cosine(shared, original)
+        cosine = gradient_cosine(shared, original)
         self.stats["updates"] += 1
         self.stats["fallbacks"] += int(fired)
         self.stats["cosine_sum"] += cosine
@@ -180,7 +180,8 @@ class Censor(Defense):
         raise TypeError("CENSOR needs the model and the batch; call shared_update")
 
 
-def _cosine(a: Gradients, b: Gradients) -> float:
+def gradient_cosine(a: Gradients, b: Gradients) -> float:
+    """Cosine between two gradients over all of ``b``'s layers, flattened together."""
     dot = sum((a[n] * b[n]).sum() for n in b)
     na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
     nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))

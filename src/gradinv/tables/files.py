@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from gradinv.io import CorruptFileError
+from gradinv.io import CorruptFileError, regenerate_hint
 
 #: One job = one value of these keys; two files with the same values are a pipeline bug.
 JOB_KEYS: tuple[str, ...] = (
@@ -66,30 +66,28 @@ def _read_one(path: Path, metrics: Sequence[str]) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
     except json.JSONDecodeError as err:
-        raise MetricsFileError(f"{path}: not valid JSON ({err}).{_regenerate(path)}") from err
+        raise MetricsFileError(f"{path}: not valid JSON ({err}).{regenerate_hint(path)}") from err
     if not isinstance(record, dict):
         raise MetricsFileError(
-            f"{path}: expected a JSON object, found {type(record).__name__}.{_regenerate(path)}"
+            f"{path}: expected a JSON object, found {type(record).__name__}.{regenerate_hint(path)}"
         )
     missing = [k for k in (*REQUIRED_KEYS, *metrics) if k not in record]
     if missing:
-        raise MetricsFileError(f"{path}: missing key(s) {', '.join(missing)}.{_regenerate(path)}")
+        raise MetricsFileError(
+            f"{path}: missing key(s) {', '.join(missing)}.{regenerate_hint(path)}"
+        )
     if record["status"] not in STATUSES:
         raise MetricsFileError(
             f"{path}: status {record['status']!r} is not one of {', '.join(STATUSES)}."
-            f"{_regenerate(path)}"
+            f"{regenerate_hint(path)}"
         )
     for metric in metrics:
         value = record[metric]
         if value is not None and not _is_number(value):
             raise MetricsFileError(
-                f"{path}: metric {metric!r} is {value!r}, not a number/null.{_regenerate(path)}"
+                f"{path}: metric {metric!r} is {value!r}, not a number/null.{regenerate_hint(path)}"
             )
     return record
-
-
-def _regenerate(path: Path) -> str:
-    return f" Regenerate it with: rm -f {path} && snakemake {path} --cores 1"
 
 
 def collect(
