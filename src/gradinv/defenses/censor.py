@@ -132,15 +132,7 @@ class Censor(Defense):
 
     def _orthogonal(self, g: Tensor, generator: torch.Generator) -> Tensor:
         r = torch.randn(g.shape, generator=generator, dtype=g.dtype).to(g.device)
-        norm = g.norm()
-        if norm == 0:
-            return torch.zeros_like(g)
-        if self.settings.projection == "exact":
-            o = r - (r * g).sum() / norm**2 * g
-        else:  # the code: unit-norm r, then r - (r·g/‖g‖)·g
-            r = r / r.norm()
-            o = r - (r * g).sum() / norm * g
-        return o * (norm / o.norm())
+        return orthogonal_direction(g, r, self.settings.projection)
 
     def _losses(
         self,
@@ -186,3 +178,21 @@ def gradient_cosine(a: Gradients, b: Gradients) -> float:
     na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
     nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))
     return float(dot / (na * nb)) if na > 0 and nb > 0 else 0.0
+
+
+def orthogonal_direction(g: Tensor, r: Tensor, projection: str = "exact") -> Tensor:
+    """``r`` with its component along ``g`` removed, rescaled to ‖g‖ (differentiable in both).
+
+    ``exact`` removes (r·g/‖g‖²)·g (Eq. 12); ``as-coded`` normalizes r to unit norm and removes
+    (r·g/‖g‖)·g, as the official code does (orthogonal only when ‖g‖ = 1). A zero ``g`` gives
+    zeros. The EOT attack uses it on its dummy gradient, CENSOR on the client's gradient.
+    """
+    norm = g.norm()
+    if norm == 0:
+        return torch.zeros_like(g)
+    if projection == "exact":
+        o = r - (r * g).sum() / norm**2 * g
+    else:  # the code: unit-norm r, then r - (r·g/‖g‖)·g
+        r = r / r.norm()
+        o = r - (r * g).sum() / norm * g
+    return o * (norm / o.norm())
