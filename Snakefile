@@ -4,9 +4,10 @@
 #   capture  the update a victim shares, after its defense (what the server sees)
 #   attack   reconstruct the victim's images from that update; score them against the originals
 #   report   paper tables, figures and the comparison with the published numbers
+#   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import job_settings
+from gradinv.config import job_settings, table_rounds, table_victims
 from gradinv import pipeline
 
 pipeline.setup_environment(workflow.basedir)
@@ -31,6 +32,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/attack.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/convergence.smk"
 
 
 onstart:
@@ -47,6 +49,9 @@ rule all:
     default_target: True
     input:
         expand("results/{table}.csv", table=config["tables"]),
+        "results/fig7_accuracy.png",
+        "results/table6_clients.csv",
+        ["results/fig10_public.png"] if "fig10_public" in config["tables"] else [],
 
 
 onsuccess:

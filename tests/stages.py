@@ -148,6 +148,8 @@ class Stages:
                 str(self.attack),
                 "--victim-file",
                 str(self.victim),
+                "--capture",
+                str(self.capture),
                 "--out",
                 str(self.metrics),
                 "--model",

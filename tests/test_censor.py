@@ -1,13 +1,20 @@
 """CENSOR's properties: orthogonal, norm-matched candidates; argmin selection; seeded; and the
 official code's deviations reproduced when asked for."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from gradinv.data.prepared import PreparedDataset, public_pool, public_pool_indices
 from gradinv.defenses import build_defense, gradients_of
-from gradinv.defenses.censor import CensorFallbackWarning
+from gradinv.defenses.censor import (
+    CensorFallbackWarning,
+    orthogonal_direction,
+    per_sample_gradients,
+)
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 
@@ -116,3 +123,149 @@ def test_selection_lr_overrides_the_update_lr():
     share(defense)  # runs with η = 1e-4 and no FL learning rate
     with pytest.raises(ValueError, match="selection_lr"):
         share(build_defense("censor", {"trials": 2}, "t", update_lr=None))
+
+
+# source: public (Section V-E, Fig. 10): directions from gradients of public images of one class.
+
+POOL_CLASS = 3
+
+
+def public_pool_of(n=4, seed=10):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, 16, 16, generator=g), torch.full((n,), POOL_CLASS)
+
+
+def public_censor(pool=None, **settings):
+    pool = public_pool_of() if pool is None else pool
+    settings = {"source": "public", "public_class": POOL_CLASS, "public_images": 4, **settings}
+    return build_defense("censor", settings, where="test", update_lr=0.1, public=pool)
+
+
+def flat(d, names):
+    return torch.cat([d[n].reshape(-1) for n in names])
+
+
+def test_public_source_is_orthogonal_norm_matched_and_built_from_the_drawn_image():
+    pool = public_pool_of()
+    defense = public_censor(pool, trials=5)
+    shared, original, model, *_ = share(defense)
+    for name, g in original.items():
+        assert abs(cos(shared[name], g)) < 1e-5, name
+        torch.testing.assert_close(shared[name].norm(), g.norm(), rtol=1e-5, atol=1e-12)
+    k = defense.last["public_image"]  # the pool image behind the shared direction
+    r = gradients_of(model, pool[0][k : k + 1], pool[1][k : k + 1], F.cross_entropy)
+    for name, g in original.items():
+        expected = orthogonal_direction(g, r[name])
+        torch.testing.assert_close(shared[name], expected, rtol=1e-4, atol=1e-7)
+
+
+def test_public_source_whole_model_is_orthogonal_and_norm_matched_as_a_whole():
+    shared, original, *_ = share(public_censor(trials=5, scope="whole-model"))
+    names = list(original)
+    assert abs(cos(flat(shared, names), flat(original, names))) < 1e-5
+    torch.testing.assert_close(
+        flat(shared, names).norm(), flat(original, names).norm(), rtol=1e-5, atol=0
+    )
+
+
+def test_public_source_points_the_update_along_a_public_image_gradient():
+    # What misleads the attack toward the public class (Fig. 10): the shared update is close in
+    # direction to the gradient of a public image; a Gaussian direction is not.
+    cosines = {"public": [], "gaussian": []}
+    for seed in range(3):
+        pool = public_pool_of(seed=100 + seed)
+        model, x, y = case(seed)
+        names = [n for n, _ in model.named_parameters()]
+        public_grads = [
+            flat(
+                gradients_of(model, pool[0][i : i + 1], pool[1][i : i + 1], F.cross_entropy), names
+            )
+            for i in range(len(pool[1]))
+        ]
+        for source in cosines:
+            defense = public_censor(pool, trials=5, source=source)
+            gen = torch.Generator().manual_seed(seed)
+            s = flat(defense.shared_update(model, x, y, F.cross_entropy, gen), names)
+            cosines[source].append(max(cos(s, p) for p in public_grads))
+    public, gaussian = (sum(v) / len(v) for v in cosines.values())
+    assert public > gaussian + 0.5, cosines
+
+
+def test_public_source_the_same_seed_gives_the_same_update_and_another_seed_another():
+    # Few trials from a larger pool: with T >= N every seed tends to draw the best image.
+    pool = public_pool_of(8)
+    a, *_ = share(public_censor(pool, trials=2, public_images=8), seed=3)
+    b, *_ = share(public_censor(pool, trials=2, public_images=8), seed=3)
+    c, *_ = share(public_censor(pool, trials=2, public_images=8), seed=5)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a)
+
+
+def test_per_sample_gradients_match_one_image_at_a_time_and_keep_batch_norm_buffers():
+    model = build_model(ModelSpec("convnet", 10, 3, 16, {"width": 2}), seed=0).train()
+    x, y = public_pool_of(3)
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    per_image = per_sample_gradients(model, x, y, F.cross_entropy)
+    assert all(torch.equal(before[n], b) for n, b in model.named_buffers())
+    for i in range(3):
+        alone = gradients_of(copy.deepcopy(model), x[i : i + 1], y[i : i + 1], F.cross_entropy)
+        for n, g in alone.items():
+            if ".weight" in n:  # a bias before batch norm has a zero gradient: noise vs noise
+                assert (per_image[n][i] - g).norm() <= 1e-4 * g.norm(), n
+
+
+def test_public_source_without_a_pool_or_with_the_wrong_pool_is_a_clear_error():
+    settings = {"source": "public", "public_class": POOL_CLASS, "public_images": 4}
+    no_pool = build_defense("censor", settings, where="test", update_lr=0.1)
+    with pytest.raises(ValueError, match=r"needs its public pool.*public="):
+        share(no_pool)
+    images, labels = public_pool_of()
+    with pytest.raises(ValueError, match="public_class=3"):
+        share(public_censor((images, labels.clone().fill_(5))))
+    with pytest.raises(ValueError, match="public_images=4"):
+        share(public_censor((images[:3], labels[:3])))
+    from gradinv.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="public_class"):
+        build_defense("censor", {"public_class": -1}, where="test")
+    with pytest.raises(ConfigError, match="public_images"):
+        build_defense("censor", {"public_images": 0}, where="test")
+
+
+def prepared(val_labels, train_labels=(0, 1, 2)):
+    """A tiny prepared dataset whose image values tell the split (train 200+) and the index."""
+    val = torch.tensor(val_labels)
+    train = torch.tensor(train_labels)
+    return PreparedDataset(
+        name="toy",
+        paper_name="Toy",
+        train_images=(200 + torch.arange(len(train))).view(-1, 1, 1, 1).expand(-1, 1, 2, 2),
+        train_labels=train,
+        val_images=torch.arange(len(val)).view(-1, 1, 1, 1).expand(-1, 1, 2, 2).to(torch.uint8),
+        val_labels=val,
+        classes=("a", "b", "c"),
+        mean=(0.5,),
+        std=(0.25,),
+        sha256="0" * 64,
+    )
+
+
+def test_public_pool_is_the_last_validation_images_of_the_class():
+    ds = prepared([0, 1, 2, 1, 0, 1, 2, 1, 0, 2])  # classes interleaved, as in most sources
+    images, labels = public_pool(ds, 1, 3)
+    assert labels.tolist() == [1, 1, 1]
+    index = (images[:, 0, 0, 0] * 255).round().long().tolist()
+    assert index == [3, 5, 7]  # validation indices, not train ones (those would be 200+)
+    assert public_pool_indices(ds, 1, 3) == [3, 5, 7]
+    assert public_pool_indices(ds, 2, 1) == [9]
+
+
+def test_public_pool_refuses_a_missing_class_a_short_class_and_the_victims_images():
+    ds = prepared([0, 1, 2, 1, 0, 1, 2, 1, 0, 2])
+    with pytest.raises(ValueError, match=r"no class 3: its classes are 0\.\.2"):
+        public_pool(ds, 3, 1)
+    with pytest.raises(ValueError, match=r"class 2 \(c\) of toy has 3 validation.*asks for 4"):
+        public_pool(ds, 2, 4)
+    with pytest.raises(ValueError, match=r"\[5\] of the attacked batch"):
+        public_pool(ds, 1, 3, exclude=[4, 5])
+    public_pool(ds, 1, 3, exclude=[0, 1, 2])  # victims outside the pool are fine

@@ -1,6 +1,7 @@
 """params.yaml is validated before anything runs; every error names the key and the fix."""
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_the_shipped_params_and_overlay_are_valid():
         (broken("progress.every_seconds", -5), r"progress.every_seconds: -5 is out of range"),
         # Values that are each valid but cannot work together.
         (broken("fl.checkpoint_rounds", [0, 99]), r"fl.checkpoint_rounds: round 99 is beyond"),
-        (broken("capture.round", 7), r"capture.round: round 7 has no checkpoint"),
+        (broken("capture.round", 17), r"capture.round: round 17 has no checkpoint"),
         (broken("fl.clients_per_round", 11), r"fl.clients_per_round: 11 clients per round"),
         (
             broken("capture.batch_size", 2000),
@@ -131,6 +132,34 @@ def test_the_shipped_params_and_overlay_are_valid():
         (
             both(("threat_model.label_rule", "idlg"), ("capture.batch_size", 4)),
             r"threat_model.label_rule: idlg recovers the label of one image",
+        ),
+        # Variants, table options and the convergence study.
+        (broken("defenses.censor_t5.from", "censr"), r"censor_t5.from: 'censr' is not defined"),
+        (
+            both(("defenses.censor.from", "censor_t5"), ("defenses.censor.kind", "censor")),
+            r"defenses.censor_t5.from: the chain censor -> censor_t5 -> censor is a cycle",
+        ),
+        (broken("defenses.censor_t5.trials", 0), r"defenses.censor_t5.trials: 0 is out of range"),
+        (
+            broken("tables.table5_rounds.rounds", [0, 11]),
+            r"tables.table5_rounds.rounds: round 11 has no checkpoint",
+        ),
+        (
+            broken("tables.fig9_trials.x_axis", "trails"),
+            r"tables.fig9_trials.x_axis: 'trails' is neither 'round' nor a setting of defense",
+        ),
+        (
+            broken("tables.table3_eot.victims", 40),
+            r"capture: tables.table3_eot attacks 40 victims .* needs 7294 images",
+        ),
+        (broken("convergence.fl.round", 5), r"convergence.fl.round: unknown key. Did you mean"),
+        (
+            broken("convergence.clients_per_round", [2, 30]),
+            r"convergence.clients_per_round: 30 clients per round, but .*num_clients is 20",
+        ),
+        (
+            broken("convergence.defenses", ["none", "censr"]),
+            r"convergence.defenses: 'censr' is not defined under defenses. Did you mean 'censor'",
         ),
         (
             broken("threat_model.bn_statistics", True),
@@ -171,3 +200,34 @@ def test_cli_reports_a_misspelled_key_and_exits_2(tmp_path):
     )
     assert proc.returncode == 2
     assert "defenses.noise.stdd: unknown key; did you mean 'std'" in proc.stderr
+
+
+def test_a_variant_inherits_its_base_and_overrides_only_its_own_keys():
+    cfg = validate(copy.deepcopy(PARAMS))
+    base, variant = cfg["defenses"]["censor"], cfg["defenses"]["censor_t5"]
+    assert "from" not in variant
+    assert variant["trials"] == 5 and variant["label"] == "Censor T=5"
+    assert {k: v for k, v in variant.items() if k not in ("trials", "label")} == {
+        k: v for k, v in base.items() if k not in ("trials", "label")
+    }
+    # Changing the base changes the variant's jobs (they carry the full settings).
+    changed = broken("defenses.censor.projection", "as-coded")
+    cfg2 = validate(changed)
+    assert cfg2["defenses"]["censor_t5"]["projection"] == "as-coded"
+    key = {"dataset": "patches", "model": "cnn3", "defense": "censor_t5"}
+    assert job_settings(cfg, "train", **key) != job_settings(cfg2, "train", **key)
+
+
+def test_convergence_jobs_get_the_studys_partition_and_fl():
+    cfg = validate(copy.deepcopy(PARAMS))
+    train = json.loads(
+        job_settings(
+            cfg, "convergence_train", dataset="patches", model="cnn3", defense="none", k="6"
+        )
+    )
+    conv = PARAMS["convergence"]
+    assert train["partition"] == conv["partition"]
+    assert train["fl"]["clients_per_round"] == 6
+    assert train["fl"]["rounds"] == conv["fl"]["rounds"]
+    assert train["fl"]["checkpoint_rounds"] == [conv["fl"]["rounds"]]
+    assert train["fl"]["lr"] == PARAMS["fl"]["lr"]  # not overridden: taken from `fl`

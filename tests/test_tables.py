@@ -314,3 +314,73 @@ def test_reference_copy_is_complete():
     assert len(ref) == 3 * 6 * 5 * 4
     assert set(ref["defense"]) == {"No Defense", "Noise", "Clipping", "Sparsi", "Soteria", "Censor"}
     assert pd.api.types.is_float_dtype(ref["value"])
+
+
+def test_vs_paper_matches_an_extra_key_column(tmp_path):
+    """CENSOR's Table V is keyed by round too: each of our rounds meets the paper's round."""
+    records = [
+        run(
+            victim=v,
+            round=r,
+            dataset="imagenet",
+            dataset_label="ImageNet",
+            paper_dataset="ImageNet",
+            defense="none",
+            psnr=10.0 + r,
+        )
+        for r in (0, 1)
+        for v in range(2)
+    ]
+    long = long_table(
+        collect(write_rounds(tmp_path, records)),
+        rows=("dataset", "defense", "round"),
+        attacks=["ig"],
+        defenses=["none"],
+    )
+    ref = tmp_path / "ref.csv"
+    ref.write_text(
+        "dataset,defense,attack,round,metric,value\n"
+        "ImageNet,No Defense,IG,0,PSNR,13.0\nImageNet,No Defense,IG,1,PSNR,11.0\n"
+    )
+    comp = vs_paper(long, ref)
+    assert list(comp["round"]) == ["0", "1"]
+    assert list(comp["ours_mean"]) == [10.0, 11.0]
+    assert list(comp["difference"]) == [-3.0, 0.0]
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("dataset,defense,attack,epoch,metric,value\nImageNet,No Defense,IG,0,PSNR,1\n")
+    with pytest.raises(TableError, match="epoch"):
+        vs_paper(long, wrong)
+
+
+def write_rounds(tmp_path: Path, records: list[dict]) -> list[Path]:
+    folder = tmp_path / "metrics"
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for rec in records:
+        path = folder / f"{rec['defense']}_{rec['round']}_{rec['victim']}.json"
+        path.write_text(json.dumps(rec))
+        paths.append(path)
+    return paths
+
+
+def test_a_swept_table_draws_a_line_per_attack(tmp_path):
+    from gradinv.tables.render import Sweep
+
+    records = [run(victim=v, round=r, psnr=20.0 - r) for r in (0, 3, 6) for v in range(2)]
+    out = render_table(
+        "table5_rounds",
+        write_rounds(tmp_path, records),
+        tmp_path / "out",
+        attacks=["ig"],
+        defenses=["none"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        rows=("dataset", "defense", "round"),
+        sweep=Sweep("round", {0: 0.0, 3: 3.0, 6: 6.0}, "FL round"),
+    )
+    table = pd.read_csv(out["csv"])
+    assert list(table["round"]) == [0, 3, 6]
+    assert list(table["IG PSNR↓ mean"]) == [20.0, 17.0, 14.0]
+    assert Image.open(out["figure"]).size[0] > 0

@@ -83,6 +83,52 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
     assert counts["train"] == 3 * 5
 
 
+CENSOR_TARGETS = (
+    "results/table3_eot.csv",
+    "results/table5_rounds.csv",
+    "results/table7_layerwise.csv",
+    "results/fig9_trials.csv",
+    "results/fig7_accuracy.png",
+    "results/table6_clients.csv",
+)
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    return {
+        line.split()[0]: int(line.split()[1])
+        for line in stdout.splitlines()
+        if len(line.split()) == 2 and line.split()[1].isdigit()
+    }
+
+
+@pytest.mark.parametrize("overlay", [None, PAPER], ids=["default", "paper"])
+def test_censor_experiments_dry_run(tmp_path, overlay):
+    """CENSOR's Tables III, V, VII, Figs. 7-9 and Table VI: one DAG, the expected job counts."""
+    root = workflow_copy(tmp_path)
+    args = ["-n", *CENSOR_TARGETS, "--cores", "1", "--quiet", "rules"]
+    if overlay:
+        args += ["--configfile", overlay]
+    proc = snakemake(*args, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    cfg = yaml.safe_load((root / "params.yaml").read_text())
+    if overlay:
+        # The overlay: 10 victims; Table III on ImageNet and FFHQ, the others on ImageNet.
+        eot, rounds, layer, trials = 2 * 2 * 10, 10 * 10 - 10, 10, 4 * 10
+        k = [10, 30, 50]
+    else:
+        v = {t: cfg["tables"][t]["victims"] for t in ("table3_eot", "table5_rounds")}
+        eot, rounds = 2 * v["table3_eot"], 10 * v["table5_rounds"] - v["table5_rounds"]
+        layer, trials = v["table3_eot"], 4 * v["table3_eot"]
+        k = cfg["convergence"]["clients_per_round"]
+    # Attacks: Table III (censor x {ig, ig_eot}), Table V (rounds 1-9 beyond Table III's round
+    # 0), Table VII (the whole-model variant), Fig. 9 (four more T); shared runs counted once.
+    assert counts["attack"] == eot + rounds + layer + trials
+    assert counts["report"] == 4 and counts["report_convergence"] == 1
+    # Convergence: 4 curves at the default K, plus {none, censor} at the other two K.
+    assert counts["train_convergence"] == 4 + 2 * (len(k) - 1)
+
+
 def test_lint_is_clean():
     proc = snakemake("--lint", "--cores", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -67,7 +67,14 @@ def _cmd_victim(a: argparse.Namespace) -> None:
 def _cmd_capture(a: argparse.Namespace) -> None:
     from gradinv.stages.capture import run
 
-    run(_settings(a.settings), Path(a.checkpoint), Path(a.victim_file), a.victim, Path(a.out))
+    run(
+        _settings(a.settings),
+        Path(a.checkpoint),
+        Path(a.victim_file),
+        a.victim,
+        Path(a.out),
+        prepared_dir=Path(a.prepared_dir),
+    )
 
 
 def _cmd_attack(a: argparse.Namespace) -> None:
@@ -83,6 +90,7 @@ def _cmd_score(a: argparse.Namespace) -> None:
         _settings(a.settings),
         Path(a.reconstruction),
         Path(a.victim_file),
+        Path(a.capture),
         Path(a.out),
         model=a.model,
         round=a.round,
@@ -98,6 +106,30 @@ def _cmd_report(a: argparse.Namespace) -> None:
         [Path(p) for p in a.metrics],
         [Path(p) for p in a.reconstructions],
         [Path(p) for p in a.victims],
+        Path(a.out_dir),
+    )
+
+
+def _cmd_report_convergence(a: argparse.Namespace) -> None:
+    from gradinv.stages.convergence import run
+
+    run(
+        _settings(a.settings),
+        [Path(p) for p in a.curves],
+        [Path(p) for p in a.clients],
+        Path(a.out_dir),
+    )
+
+
+def _cmd_report_public(a: argparse.Namespace) -> None:
+    from gradinv.stages.public import run
+
+    run(
+        _settings(a.settings),
+        [Path(p) for p in a.metrics],
+        [Path(p) for p in a.reconstructions],
+        [Path(p) for p in a.victims],
+        Path(a.prepared_dir),
         Path(a.out_dir),
     )
 
@@ -159,6 +191,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--victim-file", required=True)
     sp.add_argument("--victim", type=int, required=True)
     sp.add_argument("--out", required=True)
+    sp.add_argument(
+        "--prepared-dir", default="data/prepared", help="public images (CENSOR source: public)"
+    )
 
     sp = verb("attack", _cmd_attack, "reconstruct a victim's images from a capture")
     sp.add_argument("--capture", required=True)
@@ -171,11 +206,32 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", required=True)
     sp.add_argument("--round", type=int, required=True)
     sp.add_argument("--victim", type=int, required=True)
+    sp.add_argument("--capture", required=True, help="the capture (client-side diagnostics)")
 
     sp = verb("report", _cmd_report, "render a paper table from metric files")
     sp.add_argument("--metrics", nargs="+", required=True)
     sp.add_argument("--reconstructions", nargs="+", required=True)
     sp.add_argument("--victims", nargs="+", required=True)
+    sp.add_argument("--out-dir", required=True)
+
+    sp = verb(
+        "report-convergence",
+        _cmd_report_convergence,
+        "render CENSOR's convergence study (Figs. 7-8, Table VI) from training summaries",
+    )
+    sp.add_argument("--curves", nargs="+", required=True)
+    sp.add_argument("--clients", nargs="+", required=True)
+    sp.add_argument("--out-dir", required=True)
+
+    sp = verb(
+        "report-public",
+        _cmd_report_public,
+        "draw CENSOR's Fig. 10 and measure the pull toward the public class",
+    )
+    sp.add_argument("--metrics", nargs="+", required=True)
+    sp.add_argument("--reconstructions", nargs="+", required=True)
+    sp.add_argument("--victims", nargs="+", required=True)
+    sp.add_argument("--prepared-dir", default="data/prepared")
     sp.add_argument("--out-dir", required=True)
 
     sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)

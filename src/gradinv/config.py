@@ -109,7 +109,13 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
-    """Check ``config`` against the schema and the cross-references between its sections."""
+    """Check ``config`` against the schema and the cross-references between its sections.
+
+    Variants (``from:``) are resolved first, in place, so every consumer sees full blocks.
+    """
+    for section in ("defenses", "attacks"):
+        if isinstance(config.get(section), dict):
+            resolve_variants(config[section], section, source)
     validator = jsonschema.Draft202012Validator(full_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
     # An if/then failure also reports the bare "kind" mismatch; the specific one says more.
@@ -120,6 +126,45 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
     _check_references(config, source)
     _check_combinations(config, source)
     return config
+
+
+def resolve_variants(blocks: dict[str, Any], section: str, source: str) -> None:
+    """Replace each block with ``from: base`` by the base's settings updated with its own keys.
+
+    A variant of a variant is allowed; a cycle or an undefined base is an error. Resolution is
+    in place, so a variant's jobs carry its full settings and rerun when its base changes.
+    """
+
+    def resolve(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
+        block = blocks[name]
+        if not isinstance(block, dict) or "from" not in block:
+            return block
+        base = block["from"]
+        if base in seen or base == name:
+            raise ConfigError(
+                f"{source}: {section}.{name}.from: the chain {' -> '.join((*seen, name, base))} "
+                "is a cycle; point one of them at a block without `from`."
+            )
+        if base not in blocks:
+            close = difflib.get_close_matches(str(base), blocks, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: {section}.{name}.from: {base!r} is not defined.{hint}")
+        own = {k: v for k, v in block.items() if k != "from"}
+        blocks[name] = merge(resolve(base, (*seen, name)), own)
+        return blocks[name]
+
+    for name in list(blocks):
+        resolve(name, ())
+
+
+def table_rounds(config: dict[str, Any], table: str) -> list[int]:
+    """The FL rounds a table attacks: its own ``rounds``, else ``capture.round``."""
+    return list(config["tables"][table].get("rounds", [config["capture"]["round"]]))
+
+
+def table_victims(config: dict[str, Any], table: str) -> int:
+    """How many victims a table attacks: its own ``victims``, else ``capture.victims``."""
+    return int(config["tables"][table].get("victims", config["capture"]["victims"]))
 
 
 def _check_references(config: dict[str, Any], source: str) -> None:
@@ -143,6 +188,28 @@ def _check_references(config: dict[str, Any], source: str) -> None:
             raise ConfigError(
                 f"{source}: tables.{table}.model: {spec['model']!r} is not defined under models."
             )
+    conv = config["convergence"]
+    for key, section, where in (
+        ("dataset", config["data"]["sources"], "data.sources"),
+        ("model", config["models"], "models"),
+    ):
+        if conv[key] not in section:
+            raise ConfigError(
+                f"{source}: convergence.{key}: {conv[key]!r} is not defined under {where}."
+            )
+    unknown = sorted(set(conv["fl"]) - set(config["fl"]))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
+        raise ConfigError(f"{source}: convergence.fl.{unknown[0]}: unknown key.{hint}")
+    for key in ("defenses", "clients_defenses"):
+        for name in conv[key]:
+            if name not in config["defenses"]:
+                close = difflib.get_close_matches(name, config["defenses"], n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"{source}: convergence.{key}: {name!r} is not defined under defenses.{hint}"
+                )
 
 
 def _check_combinations(config: dict[str, Any], source: str) -> None:
@@ -168,6 +235,22 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
             f"partition.num_clients is {config['partition']['num_clients']}; lower one or "
             "raise the other."
         )
+    fig10 = config["tables"].get("fig10_public")
+    if fig10 and not any(
+        config["defenses"][d].get("source") == "public" for d in fig10["defenses"]
+    ):
+        fail(
+            "tables.fig10_public.defenses: Fig. 10 needs a defense with source: public (CENSOR "
+            "drawing its directions from public images); add one, e.g. censor_public."
+        )
+    conv = config["convergence"]
+    too_many = [k for k in conv["clients_per_round"] if k > conv["partition"]["num_clients"]]
+    if too_many:
+        fail(
+            f"convergence.clients_per_round: {too_many[0]} clients per round, but "
+            f"convergence.partition.num_clients is {conv['partition']['num_clients']}; lower one "
+            "or raise the other."
+        )
     if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and cap["batch_size"] > 1:
         fail(
             f"threat_model.label_rule: idlg recovers the label of one image, but "
@@ -177,15 +260,30 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
     from gradinv.settings import from_mapping
 
     for table, spec in config["tables"].items():
+        for rnd in table_rounds(config, table):
+            if rnd not in fl["checkpoint_rounds"]:
+                fail(
+                    f"tables.{table}.rounds: round {rnd} has no checkpoint; add it to "
+                    f"fl.checkpoint_rounds ({fl['checkpoint_rounds']})."
+                )
+        x_axis = spec.get("x_axis")
+        if x_axis is not None and x_axis != "round":
+            lacking = [d for d in spec["defenses"] if x_axis not in config["defenses"][d]]
+            if lacking:
+                fail(
+                    f"tables.{table}.x_axis: {x_axis!r} is neither 'round' nor a setting of "
+                    f"defense(s) {', '.join(lacking)}; use 'round' or a setting they all have."
+                )
+        victims = table_victims(config, table)
         for name in spec["datasets"]:
             src = config["data"]["sources"][name]
             dataset = DATASETS.get(name)
             where = f"data.sources.{name}"
             pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
-            need = (cap["victims"] - 1) * cap["victim_stride"] + cap["batch_size"]
+            need = (victims - 1) * cap["victim_stride"] + cap["batch_size"]
             if pool is not None and need > pool:
                 fail(
-                    f"capture: tables.{table} attacks {cap['victims']} victims of "
+                    f"capture: tables.{table} attacks {victims} victims of "
                     f"{cap['batch_size']} image(s) every {cap['victim_stride']} validation "
                     f"images of {name}, which needs {need} images, but it has {pool}; lower "
                     "capture.victims, capture.victim_stride or capture.batch_size."
@@ -258,7 +356,39 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump(out)
     if stage == "partition":
         return _dump({"partition": config["partition"], "seed": config["seed"]})
+    if stage == "convergence_partition":
+        return _dump({"partition": config["convergence"]["partition"], "seed": config["seed"]})
     out = dict(common)
+    if stage == "convergence_train":
+        # The train stage's settings with the study's partition and FL setting (Figs. 7-8).
+        out = json.loads(job_settings(config, "train", **w))
+        out["partition"] = config["convergence"]["partition"]
+        out["fl"] = convergence_fl(config, int(w["k"]))
+        out["study"] = f"convergence k={w['k']}"
+        return _dump(out)
+    if stage == "public_report":
+        spec = config["tables"]["fig10_public"]
+        public = [d for d in spec["defenses"] if config["defenses"][d].get("source") == "public"]
+        return _dump(
+            {
+                **common,
+                "public_defense": public[0] if public else None,
+                "defenses": {d: config["defenses"][d] for d in spec["defenses"]},
+            }
+        )
+    if stage == "convergence_report":
+        conv = config["convergence"]
+        return _dump(
+            {
+                **common,
+                "convergence": conv,
+                "fl": convergence_fl(config, max(conv["clients_per_round"])),
+                "labels": {d: config["defenses"][d]["label"] for d in config["defenses"]},
+                "defenses": {
+                    d: config["defenses"][d] for d in {*conv["defenses"], *conv["clients_defenses"]}
+                },
+            }
+        )
     if stage in ("train", "capture"):
         out |= {
             "model": config["models"][w["model"]],
@@ -295,14 +425,20 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "threat_model": config["threat_model"],
         }
     elif stage == "table":
+        table = config["tables"][w["table"]]
         out |= {
-            "table": config["tables"][w["table"]],
+            "table": table,
             "table_name": w["table"],
             "labels": {
                 "defenses": {k: v["label"] for k, v in config["defenses"].items()},
                 "attacks": {k: v["label"] for k, v in config["attacks"].items()},
             },
             "attacks": config["attacks"],
+            "defenses": {
+                d: config["defenses"][d] for d in config["tables"][w["table"]]["defenses"]
+            },
+            "rounds": table_rounds(config, w["table"]),
+            "victims": table_victims(config, w["table"]),
             "models": config["models"],
             "capture": config["capture"],
             "fl": config["fl"],
@@ -311,6 +447,14 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     else:
         raise ValueError(f"no job settings for stage {stage!r}")
     return _dump(out)
+
+
+def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, Any]:
+    """``fl`` updated with ``convergence.fl``, ``clients_per_round`` and a final checkpoint."""
+    fl = merge(config["fl"], config["convergence"]["fl"])
+    fl["clients_per_round"] = clients_per_round
+    fl["checkpoint_rounds"] = [fl["rounds"]]
+    return fl
 
 
 def _dump(obj: Any) -> str:

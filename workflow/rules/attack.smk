@@ -23,6 +23,7 @@ rule score:
     input:
         reconstruction=f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
         victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
+        capture=f"results/captures/{RUN}/victim{{victim}}.pt",
     output:
         f"results/metrics/{RUN}/{{attack}}/victim{{victim}}.json",
     params:
@@ -34,5 +35,6 @@ rule score:
         f"results/logs/score/{RUN}/{{attack}}/victim{{victim}}.log",
     shell:
         "gradinv score --settings {params.settings:q} --reconstruction {input.reconstruction} "
-        "--victim-file {input.victim} --out {output} --model {wildcards.model} "
+        "--victim-file {input.victim} --capture {input.capture} --out {output} "
+        "--model {wildcards.model} "
         "--round {wildcards.round} --victim {wildcards.victim} > {log} 2>&1"

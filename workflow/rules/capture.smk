@@ -2,6 +2,7 @@ rule capture:
     input:
         checkpoint="results/checkpoints/{dataset}/{model}/{defense}/round{round}.pt",
         victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
+        data="data/prepared/{dataset}.pt",  # public images, for CENSOR's `source: public`
     output:
         f"results/captures/{RUN}/victim{{victim}}.pt",
     params:
@@ -15,4 +16,5 @@ rule capture:
         f"results/logs/capture/{RUN}/victim{{victim}}.log",
     shell:
         "gradinv capture --settings {params.settings:q} --checkpoint {input.checkpoint} "
-        "--victim-file {input.victim} --victim {wildcards.victim} --out {output} > {log} 2>&1"
+        "--victim-file {input.victim} --victim {wildcards.victim} --out {output} "
+        "--prepared-dir data/prepared > {log} 2>&1"

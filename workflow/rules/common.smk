@@ -19,23 +19,35 @@ GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
 
 def table_jobs(table, stage, ext):
     """Every per-victim file of `stage` that table `table` aggregates."""
-    spec, cap = config["tables"][table], config["capture"]
+    spec, bs = config["tables"][table], config["capture"]["batch_size"]
     return expand(
-        f"results/{stage}/{{dataset}}/{spec['model']}/{{defense}}/r{cap['round']}_b{cap['batch_size']}/{{attack}}/victim{{victim}}.{ext}",
+        f"results/{stage}/{{dataset}}/{spec['model']}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
         dataset=spec["datasets"],
         defense=spec["defenses"],
+        round=table_rounds(config, table),
         attack=spec["attacks"],
-        victim=range(cap["victims"]),
+        victim=range(table_victims(config, table)),
     )
 
 
-def table_victims(table):
+def table_victims_files(table):
     """The private batch behind each entry of table_jobs (same order)."""
-    spec, cap = config["tables"][table], config["capture"]
+    spec, bs = config["tables"][table], config["capture"]["batch_size"]
     return [
-        f"results/victims/{d}/b{cap['batch_size']}/victim{v}.pt"
+        f"results/victims/{d}/b{bs}/victim{v}.pt"
         for d in spec["datasets"]
         for _ in spec["defenses"]
+        for _ in table_rounds(config, table)
         for _ in spec["attacks"]
-        for v in range(cap["victims"])
+        for v in range(table_victims(config, table))
     ]
+
+
+def convergence_runs(defenses, clients):
+    """Summaries of the convergence study's training runs (Figs. 7-8, Table VI)."""
+    conv = config["convergence"]
+    return expand(
+        f"results/convergence/{conv['dataset']}/{conv['model']}/{{defense}}/k{{k}}/summary.json",
+        defense=defenses,
+        k=clients,
+    )

@@ -1,8 +1,10 @@
 rule report:
+    wildcard_constraints:
+        table="|".join(config["tables"]),
     input:
         metrics=lambda w: table_jobs(w.table, "metrics", "json"),
         reconstructions=lambda w: table_jobs(w.table, "attacks", "pt"),
-        victims=lambda w: table_victims(w.table),
+        victims=lambda w: table_victims_files(w.table),
     output:
         csv="results/{table}.csv",
         markdown="results/{table}.md",
@@ -19,3 +21,27 @@ rule report:
         "gradinv report --settings {params.settings:q} --metrics {input.metrics} "
         "--reconstructions {input.reconstructions} --victims {input.victims} "
         "--out-dir results > {log} 2>&1"
+
+
+if "fig10_public" in config["tables"]:
+
+    rule report_public:
+        # CENSOR's Fig. 10: reconstructions under directions drawn from one public class.
+        input:
+            metrics=table_jobs("fig10_public", "metrics", "json"),
+            reconstructions=table_jobs("fig10_public", "attacks", "pt"),
+            victims=table_victims_files("fig10_public"),
+            data=expand("data/prepared/{d}.pt", d=config["tables"]["fig10_public"]["datasets"]),
+        output:
+            figure="results/fig10_public.png",
+            drift="results/fig10_public_drift.csv",
+        params:
+            settings=lambda w: job_settings(config, "public_report"),
+        conda:
+            "../../environment.yml"
+        log:
+            "results/logs/report/fig10_public.log",
+        shell:
+            "gradinv report-public --settings {params.settings:q} --metrics {input.metrics} "
+            "--reconstructions {input.reconstructions} --victims {input.victims} "
+            "--prepared-dir data/prepared --out-dir results > {log} 2>&1"

@@ -5,8 +5,17 @@ Optimise dummy images in the model's normalised input space to minimise the cosi
 between their gradient and the shared one, plus a total-variation prior; Adam with step decay at
 3/8, 5/8 and 7/8 of the iterations; pixels boxed to the valid range after every step; optionally
 the sign of the image gradient (the paper's choice); R restarts, keeping the one whose final
-gradient distance is lowest. With a :class:`~gradinv.progress.Progress` the loop saves its state
-(images, Adam and scheduler state, generator, history) and resumes from it bit for bit.
+gradient distance is lowest.
+
+``eot_samples`` > 0 turns it into the adaptive attack of CENSOR's Table III (NDSS 2025, Section
+V-D): the dummy gradient is matched through n CENSOR-style transforms, combined by
+``eot_combine``, with CENSOR's ``eot_projection`` and ``eot_scope`` (see
+:mod:`gradinv.attacks.eot`). The samples are drawn from the attack's generator, so a seed fixes
+them and a resumed run draws the same ones; the final distance that picks the restart is the
+same EOT loss on fresh samples. With ``eot_samples: 0`` (the default) the attack is unchanged.
+
+With a :class:`~gradinv.progress.Progress` the loop saves its state (images, Adam and scheduler
+state, generator, history) and resumes from it bit for bit.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult
+from gradinv.attacks.eot import Combine, Projection, Scope, eot_distance
 from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import cosine_distance, target_gradients, total_variation
 from gradinv.models import classifier_layer
@@ -39,6 +49,12 @@ class InvertingGradients(Attack):
         boxed: bool = True
         nonzero_only: bool = False
         log_every: int = bounded(25, ge=1)
+        eot_samples: int = bounded(
+            0, ge=0, doc="EOT against CENSOR: transformed dummy gradients per iteration; 0 = off"
+        )
+        eot_combine: Combine = "average-gradient"
+        eot_projection: Projection = "exact"  # CENSOR's projection, to match the defense
+        eot_scope: Scope = "layer-wise"  # CENSOR's scope, to match the defense
 
     def reconstruct(
         self,
@@ -70,6 +86,17 @@ class InvertingGradients(Attack):
         def match_loss(x: torch.Tensor) -> torch.Tensor:
             loss = F.cross_entropy(model(x), labels)
             dummy = torch.autograd.grad(loss, params, create_graph=True)
+            if s.eot_samples:
+                return eot_distance(
+                    list(dummy),
+                    target,
+                    s.eot_samples,
+                    generator,
+                    combine=s.eot_combine,
+                    projection=s.eot_projection,
+                    scope=s.eot_scope,
+                    nonzero_only=s.nonzero_only,
+                )
             return cosine_distance(list(dummy), target, s.nonzero_only)
 
         best: tuple[float, int, torch.Tensor] | None = None

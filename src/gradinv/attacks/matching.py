@@ -25,6 +25,26 @@ def cosine_distance(
     return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
 
 
+def cosine_distances(
+    samples: list[Tensor], target: list[Tensor], nonzero_only: bool = False
+) -> Tensor:
+    """:func:`cosine_distance` of each of n stacked dummy gradients, in one pass: shape (n,).
+
+    ``samples[l]`` holds layer l of all n gradients, shape (n, *target[l].shape).
+    """
+    n = samples[0].shape[0]
+    dot = samples[0].new_zeros(n)
+    dummy_sq = samples[0].new_zeros(n)
+    target_sq = samples[0].new_zeros(())
+    for d, t in zip(samples, target, strict=True):
+        if nonzero_only:
+            d = d * (t != 0)
+        dot = dot + (d * t).reshape(n, -1).sum(1)
+        dummy_sq = dummy_sq + d.pow(2).reshape(n, -1).sum(1)
+        target_sq = target_sq + t.pow(2).sum()
+    return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
+
+
 def total_variation(x: Tensor) -> Tensor:
     """Anisotropic TV as in inversefed: mean absolute difference of neighbouring pixels."""
     dx = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean()

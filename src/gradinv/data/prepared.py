@@ -124,6 +124,58 @@ def _select(
     return images[idx].to(torch.float32) / 255.0, labels[idx].clone()
 
 
+def public_pool_indices(
+    prepared: PreparedDataset, cls: int, n: int, where: str = "defenses.<name>"
+) -> list[int]:
+    """Validation indices of the last ``n`` images of class ``cls``, in validation order.
+
+    Class membership follows the labels, not the position: a source sorted by class (patches,
+    imagenet) keeps each class in one block, the others (digits, ffhq, cifar, mnist, svhn)
+    interleave the classes, so only the prepared file knows which indices a class has. ``where``
+    names the settings block that asks (``defenses.<name>``) in the error messages.
+    """
+    if not 0 <= cls < prepared.num_classes:
+        raise ValueError(
+            f"{prepared.name} has no class {cls}: its classes are 0..{prepared.num_classes - 1} "
+            f"({prepared.classes[0]} .. {prepared.classes[-1]}); set {where}.public_class to "
+            "one of them"
+        )
+    members = torch.nonzero(prepared.val_labels == cls).reshape(-1)
+    if len(members) < n:
+        raise ValueError(
+            f"class {cls} ({prepared.classes[cls]}) of {prepared.name} has {len(members)} "
+            f"validation image(s), but {where} asks for {n}; lower {where}.public_images or "
+            f"choose another {where}.public_class"
+        )
+    return members[len(members) - n :].tolist()
+
+
+def public_pool(
+    prepared: PreparedDataset,
+    cls: int,
+    n: int,
+    exclude: Sequence[int] = (),
+    where: str = "defenses.<name>",
+) -> tuple[Tensor, Tensor]:
+    """The public pool of CENSOR's ``source: public``: the last ``n`` validation images of class
+    ``cls`` as float in [0, 1] (N, C, H, W), and their labels.
+
+    Last, because victims are taken from the start of the validation split; ``exclude`` (the
+    validation indices of an attacked batch) must not meet the pool, else the defense would draw
+    its directions from the very images it protects.
+    """
+    indices = public_pool_indices(prepared, cls, n, where)
+    shared = sorted(set(indices) & {int(i) for i in exclude})
+    if shared:
+        raise ValueError(
+            f"the public pool (the last {n} validation images of class {cls} of "
+            f"{prepared.name}, indices {indices[0]}..{indices[-1]}) contains validation image(s) "
+            f"{shared} of the attacked batch; choose another {where}.public_class, lower "
+            f"{where}.public_images or move the victims (capture.victim_stride)"
+        )
+    return prepared.val_batch(indices)
+
+
 def load_prepared(name: str, out_dir: Path) -> PreparedDataset:
     """Read ``out_dir/{name}.pt`` after checking its sha256 against the manifest."""
     out_dir = Path(out_dir)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from gradinv.defenses.base import Defense, Gradients, gradients_of
 from gradinv.registry import Registry
 from gradinv.settings import from_mapping
@@ -18,18 +20,36 @@ DEFENSES: Registry[type[Defense]] = Registry("defense")
 from gradinv.defenses import censor, clipping, noise, none, sparsification  # noqa: E402, F401
 
 
+def defense_settings(kind: str, settings: dict[str, Any], where: str) -> Any:
+    """The frozen settings of the defense registered as ``kind``, from its params.yaml block."""
+    return from_mapping(DEFENSES.get(kind).Settings, settings, where=where)
+
+
 def build_defense(
-    kind: str, settings: dict[str, Any], where: str, update_lr: float | None = None
+    kind: str,
+    settings: dict[str, Any],
+    where: str,
+    update_lr: float | None = None,
+    public: tuple[Tensor, Tensor] | None = None,
 ) -> Defense:
     """Instantiate the defense registered as ``kind`` with its settings from params.yaml.
 
     ``update_lr`` is the learning rate of the step the client's update will drive (``fl.lr``
     under FedSGD, ``fl.local_lr`` under FedAvg); defenses that look ahead (CENSOR) use it.
+    ``public`` is a pool of public images and their labels, normalized as model inputs, for
+    defenses that draw their directions from public data (CENSOR with ``source: public``).
     """
-    cls = DEFENSES.get(kind)
-    defense = cls(from_mapping(cls.Settings, settings, where=where))
+    defense = DEFENSES.get(kind)(defense_settings(kind, settings, where))
     defense.update_lr = update_lr
+    defense.public = public
     return defense
 
 
-__all__ = ["DEFENSES", "Defense", "Gradients", "build_defense", "gradients_of"]
+__all__ = [
+    "DEFENSES",
+    "Defense",
+    "Gradients",
+    "build_defense",
+    "defense_settings",
+    "gradients_of",
+]

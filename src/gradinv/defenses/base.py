@@ -32,6 +32,9 @@ class Defense:
 
     Settings: ClassVar[type]
     update_lr: float | None = None  # the client's step size, set by build_defense
+    # Public (non-private) images and labels, as model inputs, for defenses that draw directions
+    # from them (CENSOR's source: public); set by build_defense.
+    public: tuple[Tensor, Tensor] | None = None
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings

@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from gradinv.config import method_settings
 from gradinv.data import load_prepared
-from gradinv.defenses import build_defense
+from gradinv.data.prepared import public_pool
+from gradinv.defenses import Defense, build_defense, defense_settings
+from gradinv.defenses.censor import gradient_cosine
 from gradinv.fl.client import client_update
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
-from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate
+from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate, normalize
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, setup, update_lr
+from gradinv.stages.common import derive_seed, project_path, setup, update_lr
 
 
 def victim_indices(victim: int, batch_size: int, stride: int, n_val: int) -> list[int]:
@@ -55,8 +58,37 @@ def select_victim(
     )
 
 
+def public_inputs(
+    settings: dict[str, Any],
+    chosen: Any,
+    secret: dict[str, Any],
+    victim: int,
+    batch_size: int,
+    prepared_dir: Path | None,
+) -> tuple[Tensor, Tensor]:
+    """CENSOR's public pool, normalized as model inputs, from the prepared data the victim was
+    drawn from (default ``data/prepared``, where the rules write it); refused if it shares an
+    image with the victim's batch."""
+    ds = load_prepared(settings["dataset"], prepared_dir or project_path("data/prepared"))
+    if ds.sha256 != secret["data_sha256"]:
+        raise RuntimeError(
+            f"the prepared {settings['dataset']} differs from the one victim {victim} was drawn "
+            "from; rerun snakemake to regenerate the victims"
+        )
+    stride = settings["capture"]["victim_stride"]
+    batch = victim_indices(victim, batch_size, stride, len(ds.val_labels))
+    where = f"defenses.{settings['defense_name']}"
+    pool = public_pool(ds, chosen.public_class, chosen.public_images, exclude=batch, where=where)
+    return normalize(pool[0], ds.mean, ds.std), pool[1]
+
+
 def run(
-    settings: dict[str, Any], checkpoint: Path, victim_path: Path, victim: int, out: Path
+    settings: dict[str, Any],
+    checkpoint: Path,
+    victim_path: Path,
+    victim: int,
+    out: Path,
+    prepared_dir: Path | None = None,
 ) -> None:
     setup(settings)
     saved = load_tensors(checkpoint)
@@ -70,11 +102,17 @@ def run(
     mean, std = tuple(secret["mean"]), tuple(secret["std"])
     threat = settings["threat_model"]
     defense_cfg = settings["defense"]
+    where = f"defenses.{settings['defense_name']}"
+    chosen = defense_settings(defense_cfg["kind"], method_settings(defense_cfg), where)
+    public = None
+    if getattr(chosen, "source", None) == "public":  # CENSOR's directions from public images
+        public = public_inputs(settings, chosen, secret, victim, len(batch.labels), prepared_dir)
     defense = build_defense(
         defense_cfg["kind"],
         method_settings(defense_cfg),
-        where=f"defenses.{settings['defense_name']}",
+        where=where,
         update_lr=update_lr(settings["fl"]),
+        public=public,
     )
     fl = settings["fl"]
     seed = derive_seed(
@@ -89,16 +127,28 @@ def run(
         model = defense.wrap_model(build_model(server.model))
         model.load_state_dict(server.state)
         model.to(device).train(threat["model_mode"] == "train")
+        inputs, labels = batch.normalized(mean, std).to(device), batch.labels.to(device)
+        protocol = {"protocol": fl["protocol"], "local_steps": fl["local_steps"]}
+        protocol["local_lr"] = fl["local_lr"]
         update, _ = client_update(
             model,
-            batch.normalized(mean, std).to(device),
-            batch.labels.to(device),
+            inputs,
+            labels,
             defense,
-            protocol=fl["protocol"],
-            local_steps=fl["local_steps"],
-            local_lr=fl["local_lr"],
+            **protocol,
             generator=torch.Generator().manual_seed(seed),
         )
+        # What the defense changed, measured on the client's side: the cosine between the shared
+        # update and the update the client would have shared undefended.
+        undefended, _ = client_update(
+            model,
+            inputs,
+            labels,
+            build_defense("none", {}, where="capture"),
+            **protocol,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        diagnostics = client_diagnostics(defense, update, undefended)
     meta = PublicMeta(
         dataset=settings["dataset"],
         batch_size=len(batch.labels),
@@ -119,7 +169,21 @@ def run(
         kind="gradient" if fl["protocol"] == "fedsgd" else "delta",
         meta=meta,
     )
-    if getattr(defense, "last", None):  # client-side diagnostics, for the job's log only
-        print(f"gradinv: {defense_cfg['kind']} diagnostics: {defense.last}")
-    # Only what the server sees: the model it sent and the update it received.
-    save_tensors(out, {"server": server.to_dict(), "update": shared.to_dict()})
+    print(f"gradinv: client-side diagnostics: {diagnostics}")
+    # What the server sees (the model it sent, the update it received) and, apart, what only the
+    # client knows: the attack stage reads "server" and "update" alone; the score stage reads
+    # "client" to put the defense's diagnostics beside the attack's metrics.
+    save_tensors(
+        out, {"server": server.to_dict(), "update": shared.to_dict(), "client": diagnostics}
+    )
+
+
+def client_diagnostics(
+    defense: Defense, update: dict[str, Tensor], undefended: dict[str, Tensor]
+) -> dict[str, Any]:
+    """The cosine of the shared update with the undefended one; CENSOR's fallback and losses."""
+    out: dict[str, Any] = {"update_cosine": gradient_cosine(update, undefended)}
+    last = getattr(defense, "last", None) or {}
+    out["fallback_fired"] = last.get("fallback_fired")  # None: not a CENSOR update
+    out["defense"] = {k: v for k, v in last.items() if k != "losses"}
+    return out

@@ -7,7 +7,8 @@ from typing import Any
 
 from gradinv.io import load_tensors, read_json
 from gradinv.stages.common import project_path
-from gradinv.tables import GridEntry, reconstruction_grid, render_table
+from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
+from gradinv.tables.render import Sweep
 
 
 def run(
@@ -19,16 +20,18 @@ def run(
 ) -> None:
     spec = settings["table"]
     name = settings["table_name"]
+    rounds, n_victims = settings["rounds"], settings["victims"]
+    rows = ("dataset", "defense", "round") if len(rounds) > 1 else ("dataset", "defense")
+    sweep = _sweep(spec.get("x_axis"), settings["defenses"], rounds)
     attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
     setting = {
         "scale": settings["scale"],
         "datasets": ", ".join(spec["datasets"]),
         "model": f"{spec['model']} {settings['models'][spec['model']]}",
         "protocol": settings["fl"]["protocol"],
-        "round attacked": settings["capture"]["round"],
+        "round attacked": ", ".join(map(str, rounds)),
         "batch size": settings["capture"]["batch_size"],
-        "victims": f"{settings['capture']['victims']} (validation image v x "
-        f"{settings['capture']['victim_stride']})",
+        "victims": f"{n_victims} (validation image v x {settings['capture']['victim_stride']})",
         "threat model": settings["threat_model"],
         **{
             f"attack {a}": {k: v for k, v in cfg.items() if k not in ("kind", "label")}
@@ -46,8 +49,8 @@ def run(
             for cfg in attack_cfgs.values()
         )
         note = (
-            f"{spec['scaled_down_note'].strip()} This run: {cap['victims']} victims, "
-            f"batch size {cap['batch_size']}, round {cap['round']}; {runs}."
+            f"{spec['scaled_down_note'].strip()} This run: {n_victims} victims, "
+            f"batch size {cap['batch_size']}, round(s) {', '.join(map(str, rounds))}; {runs}."
         )
     render_table(
         name,
@@ -61,12 +64,28 @@ def run(
         reference_csv=project_path(reference) if reference else None,
         title=spec["title"],
         reproduces=spec["title"].split(":")[0],
+        rows=rows,
+        metrics=spec.get("metrics", DEFAULT_METRICS),
+        sweep=sweep,
     )
-    _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png")
+    _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png", rounds)
+
+
+def _sweep(x_axis: str | None, defenses: dict[str, Any], rounds: list[int]) -> Sweep | None:
+    """The line figure's x axis: the attacked round, or a setting of the table's defenses."""
+    if x_axis is None:
+        return None
+    if x_axis == "round":
+        return Sweep("round", {r: float(r) for r in rounds}, "FL round")
+    return Sweep("defense", {d: float(cfg[x_axis]) for d, cfg in defenses.items()}, x_axis)
 
 
 def _grid(
-    metric_files: list[Path], reconstructions: list[Path], victims: list[Path], out: Path
+    metric_files: list[Path],
+    reconstructions: list[Path],
+    victims: list[Path],
+    out: Path,
+    rounds: list[int],
 ) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch)."""
     entries = []
@@ -75,7 +94,9 @@ def _grid(
         entries.append(
             GridEntry(
                 dataset=row["dataset_label"],
-                defense_label=row["defense_label"],
+                # One grid row per round too when the table spans rounds (Table V).
+                defense_label=row["defense_label"]
+                + (f", round {row['round']}" if len(rounds) > 1 else ""),
                 attack_label=row["attack_label"],
                 victim=row["victim"],
                 original=secret["images"][0],

@@ -15,11 +15,14 @@ from gradinv.metrics import MetricSettings, score
 from gradinv.settings import from_mapping
 from gradinv.stages.common import record, setup
 
+TRACKED = ("mse", "psnr", "ssim", "lpips", "label_accuracy")
+
 
 def run(
     settings: dict[str, Any],
     reconstruction: Path,
     victim_path: Path,
+    capture_path: Path,
     out: Path,
     *,
     model: str,
@@ -68,6 +71,11 @@ def run(
         )
     for name in names:
         row[name] = scores.get(name)
+    client = load_tensors(capture_path).get("client") or {}
+    row["update_cosine"] = client.get("update_cosine")
+    fired = client.get("fallback_fired")
+    row["fallback_rate"] = None if fired is None else float(fired)
+    row["defense_diagnostics"] = client.get("defense")
     row["lpips_status"] = scores.get("lpips_status", "not computed: attack failed")
     row["label_accuracy"] = scores.get("label_accuracy")
     row["matching"] = scores.get("matching")
@@ -86,7 +94,7 @@ def _track(
     )
     metrics = {
         k: row[k]
-        for k in ("mse", "psnr", "ssim", "lpips", "label_accuracy")
+        for k in (*TRACKED, "update_cosine", "fallback_rate")
         if k in row and row[k] is not None and not _is_bad(row[k])
     }
     metrics["attack_seconds"] = row["attack_seconds"]

@@ -16,7 +16,8 @@ from torch import nn
 
 from gradinv.config import method_settings
 from gradinv.data import load_prepared, read_partition
-from gradinv.defenses import build_defense
+from gradinv.data.prepared import public_pool
+from gradinv.defenses import build_defense, defense_settings
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
 from gradinv.models import build_model
@@ -53,11 +54,18 @@ def run(
             f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
             f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round"
         )
+    kind, where = settings["defense"]["kind"], f"defenses.{settings['defense_name']}"
+    chosen = defense_settings(kind, method_settings(settings["defense"]), where)
+    public = None
+    if getattr(chosen, "source", None) == "public":  # CENSOR's directions from public images
+        images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
+        public = (normalize(images, ds.mean, ds.std), labels)
     defense = build_defense(
-        settings["defense"]["kind"],
+        kind,
         method_settings(settings["defense"]),
-        where=f"defenses.{settings['defense_name']}",
+        where=where,
         update_lr=update_lr(settings["fl"]),
+        public=public,
     )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
     progress = Progress.for_output(

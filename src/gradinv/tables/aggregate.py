@@ -46,6 +46,10 @@ METRICS: dict[str, MetricSpec] = {
     "psnr": MetricSpec("PSNR", "↓", 3),
     "ssim": MetricSpec("SSIM", "↓", 4),
     "label_accuracy": MetricSpec("LabelAcc", "↓", 3),
+    # What the server received: cosine of the shared update with the client's true gradient,
+    # and (CENSOR) whether no candidate beat the undefended loss; the mean is the rate.
+    "update_cosine": MetricSpec("UpdateCos", "↓", 4),
+    "fallback_rate": MetricSpec("Fallback", "↓", 3),
 }
 STATS: tuple[str, ...] = ("mean", "std", "n", "failed", "note")
 #: Columns that must not vary inside one cell unless they are rows of the table.

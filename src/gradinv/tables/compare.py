@@ -31,9 +31,9 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
 )
 
 
-def empty_comparison() -> pd.DataFrame:
+def empty_comparison(extra: list[str] | None = None) -> pd.DataFrame:
     """The header-only comparison, for runs without any of the paper's datasets."""
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in COMPARISON_COLUMNS})
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in _columns(extra or [])})
 
 
 def read_reference(reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
@@ -45,11 +45,17 @@ def read_reference(reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
             f"{reference_csv}: missing column(s) {', '.join(missing)}; a reference for cell "
             f"comparison needs {', '.join(REFERENCE_COLUMNS)}."
         )
-    keys = list(REFERENCE_COLUMNS[:-1])
+    keys = reference_keys(ref)
     dup = ref.duplicated(keys, keep=False)
     if dup.any():
         raise TableError(f"{reference_csv}: cells listed twice:\n{ref[dup].to_string()}")
     return ref
+
+
+def reference_keys(ref: pd.DataFrame) -> list[str]:
+    """The columns that identify a published cell: the standard four plus any extra setting
+    column (``round`` in CENSOR's Table V); ``value`` and a free-text ``source`` are not keys."""
+    return [c for c in ref.columns if c not in ("value", "source")]
 
 
 def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
@@ -60,8 +66,9 @@ def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str])
     """
     ref = read_reference(reference_csv)
     long = df_table_long[df_table_long["paper_dataset"].notna()]
+    extra = [k for k in reference_keys(ref) if k not in REFERENCE_COLUMNS]
     if long.empty:
-        return empty_comparison()
+        return empty_comparison(extra)
     ours = pd.DataFrame(
         {
             "dataset": long["paper_dataset"].astype(str),
@@ -75,15 +82,25 @@ def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str])
             "scale": long["scale"],
         }
     )
-    ref = ref.assign(**{c: ref[c].astype(str) for c in REFERENCE_COLUMNS[:-1]})
-    merged = ours.merge(
-        ref.rename(columns={"value": "paper"}),
-        how="inner",
-        on=["dataset", "defense", "attack", "metric"],
-        sort=False,
-    )
+    keys = reference_keys(ref)
+    extra = [k for k in keys if k not in REFERENCE_COLUMNS]
+    missing = [k for k in extra if k not in long.columns]
+    if missing:
+        raise TableError(
+            f"{reference_csv}: key column(s) {', '.join(missing)} are not columns of this table."
+        )
+    for key in extra:
+        ours.insert(len(REFERENCE_COLUMNS) - 1, key, long[key].astype(str).to_numpy())
+    ref = ref.drop(columns=[c for c in ref.columns if c == "source"])
+    ref = ref.assign(**{c: ref[c].astype(str) for c in keys})
+    merged = ours.merge(ref.rename(columns={"value": "paper"}), how="inner", on=keys, sort=False)
     if merged.empty:
-        return empty_comparison()
+        return empty_comparison(extra)
     merged["paper"] = merged["paper"].astype(float)
     merged["difference"] = merged["ours_mean"] - merged["paper"]
-    return merged[list(COMPARISON_COLUMNS)].reset_index(drop=True)
+    return merged[_columns(extra)].reset_index(drop=True)
+
+
+def _columns(extra: list[str]) -> list[str]:
+    base = list(COMPARISON_COLUMNS)
+    return [*base[:3], *extra, *base[3:]]

@@ -117,6 +117,87 @@ def table_figure(
         _save(fig, out_path)
 
 
+def sweep_figure(
+    long: pd.DataFrame,
+    out_path: str | os.PathLike[str],
+    *,
+    x: Mapping[Any, float],
+    x_column: str,
+    x_label: str,
+) -> None:
+    """One panel per metric; x = a swept setting (round, T, ...), one line per other row and
+    attack, with the std over victims as a band (CENSOR Fig. 9, Table V as a curve).
+
+    ``x`` maps each value of ``long[x_column]`` to its position (a defense to its T, a round to
+    itself). Failed runs are counted in the legend rather than hidden.
+    """
+    metrics = list(dict.fromkeys(long["metric"]))
+    frame = long.assign(x=long[x_column].map(x).astype(float))
+    others = [c for c in ("dataset", "defense") if c != x_column and c in long.columns]
+    frame["line"] = (
+        frame[[f"{c}_label" for c in others] + ["attack_label"]].astype(str).agg(" / ".join, axis=1)
+    )
+    lines = list(dict.fromkeys(frame["line"]))
+    colors = sns.color_palette("colorblind", len(lines))
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(3.2 * len(metrics), 3.0))
+        axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+        for ax, metric in zip(axes, metrics, strict=True):
+            ax.set_title(metric_header(metric))
+            ax.set_xlabel(x_label)
+            panel = frame[frame["metric"] == metric]
+            for color, line in zip(colors, lines, strict=True):
+                part = panel[panel["line"] == line].sort_values("x")
+                xs, mean = part["x"].to_numpy(), part["mean"].to_numpy(dtype=float)
+                std = np.nan_to_num(part["std"].to_numpy(dtype=float))
+                failed = int(part["failed"].sum())
+                label = f"{line} ({failed} failed)" if failed else line
+                ax.plot(xs, mean, marker="o", color=color, label=label)
+                ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            if not np.isfinite(panel["mean"].to_numpy(dtype=float)).any():
+                notes = [n for n in panel["note"] if n]
+                ax.text(
+                    0.5,
+                    0.6,
+                    notes[0] if notes else "no values",
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    wrap=True,
+                    fontsize=7,
+                    color="firebrick",
+                )
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+        _save(fig, out_path)
+
+
+def curve_figure(
+    curves: pd.DataFrame,
+    out_path: str | os.PathLike[str],
+    *,
+    y: str,
+    y_label: str,
+    title: str,
+) -> None:
+    """``y`` against ``round``, one line per ``label`` (CENSOR Figs. 7 and 8)."""
+    labels = list(dict.fromkeys(curves["label"]))
+    colors = sns.color_palette("colorblind", len(labels))
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(5.0, 3.4))
+        ax = fig.subplots()
+        for color, label in zip(colors, labels, strict=True):
+            part = curves[(curves["label"] == label) & curves[y].notna()].sort_values("round")
+            ax.plot(part["round"], part[y], color=color, label=label)
+        ax.set_xlabel("FL round")
+        ax.set_ylabel(y_label)
+        ax.set_title(title, fontsize=9)
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        _save(fig, out_path)
+
+
 @dataclass(frozen=True)
 class GridEntry:
     """One reconstruction: which run it came from, the private image and the attacker's image."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,20 @@ import pandas as pd
 from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
-from gradinv.tables.figures import table_figure
+from gradinv.tables.figures import sweep_figure, table_figure
 from gradinv.tables.files import DEFAULT_METRICS, collect
 from gradinv.tables.markdown import render_markdown
 
 FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The x axis of a swept table: ``column`` of the long table, its positions, the axis label."""
+
+    column: str
+    values: Mapping[Any, float]
+    label: str
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
@@ -75,6 +85,7 @@ def render_table(
     metrics: Sequence[str] = DEFAULT_METRICS,
     title: str | None = None,
     reproduces: str = "the published table",
+    sweep: Sweep | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv`` and ``figures/<name>.png``.
 
@@ -82,7 +93,8 @@ def render_table(
     paper's order; runs outside them are not part of this table. ``setting`` is listed verbatim in
     the Markdown, followed by the provenance recorded in the files (commits, config hashes).
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
-    what was scaled down and why would be read as a failed reproduction.
+    what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
+    figure is a line over the swept value (a round, CENSOR's T) instead of bars.
     """
     out_dir = Path(out_dir)
     df = collect(metric_files, metrics=metrics)
@@ -105,7 +117,12 @@ def render_table(
     }
     write_csv(widen(long, rows), paths["csv"])
     write_csv(comparison, paths["vs_paper"])
-    table_figure(long, paths["figure"], rows=rows)
+    if sweep is None:
+        table_figure(long, paths["figure"], rows=rows)
+    else:
+        sweep_figure(
+            long, paths["figure"], x=sweep.values, x_column=sweep.column, x_label=sweep.label
+        )
     in_table = (
         df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
     )

@@ -1,0 +1,178 @@
+"""Stage: CENSOR's convergence study (its Figs. 7-8 and Table VI) from the training summaries.
+
+Each input is the summary of one FL training run (``gradinv train``) on the study's non-IID
+partition. Figures 7 and 8 plot test accuracy and test loss per round, one curve per defense;
+Table VI gives the final test accuracy for each number of selected clients, CENSOR beside vanilla
+training. A failed (diverged) run keeps its row with an empty accuracy and its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gradinv.io import atomic_path, read_json
+from gradinv.stages.common import project_path
+from gradinv.tables.figures import curve_figure
+from gradinv.tables.render import write_csv
+
+CURVE_COLUMNS = ("defense", "label", "clients_per_round", "round", "test_accuracy", "test_loss")
+
+
+def run(settings: dict[str, Any], curves: list[Path], clients: list[Path], out_dir: Path) -> None:
+    conv, labels, scale = settings["convergence"], settings["labels"], settings["scale"]
+    # results/convergence/<dataset>/<model>/<defense>/k<K>/summary.json: K is in the path.
+    runs = {
+        path: {**read_json(path), "clients_per_round": int(path.parent.name.removeprefix("k"))}
+        for path in dict.fromkeys([*curves, *clients])
+    }
+    frame = _curves([runs[p] for p in curves], labels)
+    write_csv(frame.assign(scale=scale), out_dir / "convergence.csv")
+    title = f"{conv['title'].split(':')[0]}"
+    suffix = " (SCALED DOWN)" if scale == "embedded" else ""
+    curve_figure(
+        frame,
+        out_dir / "fig7_accuracy.png",
+        y="test_accuracy",
+        y_label="test accuracy",
+        title=f"{title}, Fig. 7: test accuracy{suffix}",
+    )
+    curve_figure(
+        frame,
+        out_dir / "fig8_loss.png",
+        y="test_loss",
+        y_label="test loss",
+        title=f"{title}, Fig. 8: test loss{suffix}",
+    )
+    table = _clients_table([runs[p] for p in clients], conv, labels)
+    write_csv(table, out_dir / "table6_clients.csv")
+    comparison = _vs_paper(table, project_path(conv["reference"]), conv, labels, scale)
+    write_csv(comparison, out_dir / "table6_clients_vs_paper.csv")
+    text = _markdown(table, comparison, [runs[p] for p in runs], settings)
+    with atomic_path(out_dir / "table6_clients.md") as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _k(summary: dict[str, Any]) -> int:
+    return int(summary["clients_per_round"])
+
+
+def _curves(summaries: list[dict[str, Any]], labels: dict[str, str]) -> pd.DataFrame:
+    rows = []
+    for s in summaries:
+        for point in s["history"]:
+            if "test_accuracy" in point:
+                rows.append(
+                    {
+                        "defense": s["defense"],
+                        "label": labels[s["defense"]],
+                        "clients_per_round": _k(s),
+                        "round": int(point["round"]),
+                        "test_accuracy": float(point["test_accuracy"]),
+                        "test_loss": float(point["test_loss"]),
+                    }
+                )
+    return pd.DataFrame.from_records(rows, columns=list(CURVE_COLUMNS))
+
+
+def _final(summary: dict[str, Any]) -> tuple[float | None, int | None]:
+    """Test accuracy (%) at the last evaluated round of a finished run; None if it failed."""
+    if summary["status"] != "ok":
+        return None, None
+    evals = [p for p in summary["history"] if "test_accuracy" in p]
+    return 100.0 * float(evals[-1]["test_accuracy"]), int(evals[-1]["round"])
+
+
+def _clients_table(
+    summaries: list[dict[str, Any]], conv: dict[str, Any], labels: dict[str, str]
+) -> pd.DataFrame:
+    """One line per number of selected clients: final accuracy per defense, their difference."""
+    by_key = {(s["defense"], _k(s)): s for s in summaries}
+    first, *rest = conv["clients_defenses"]
+    records = []
+    for k in conv["clients_per_round"]:
+        line: dict[str, Any] = {"selected_clients": k}
+        for d in conv["clients_defenses"]:
+            s = by_key[(d, k)]
+            accuracy, at_round = _final(s)
+            line[f"{labels[d]} accuracy"] = accuracy
+            line[f"{labels[d]} round"] = at_round
+            line[f"{labels[d]} failure"] = s["failure"] or ""
+        for d in rest:
+            a, b = line[f"{labels[d]} accuracy"], line[f"{labels[first]} accuracy"]
+            line[f"{labels[d]} - {labels[first]}"] = None if a is None or b is None else a - b
+        records.append(line)
+    return pd.DataFrame.from_records(records)
+
+
+def _vs_paper(
+    table: pd.DataFrame,
+    reference: Path,
+    conv: dict[str, Any],
+    labels: dict[str, str],
+    scale: str,
+) -> pd.DataFrame:
+    """Table VI reports CENSOR's accuracy only; compared where the run is at the paper's scale."""
+    ref = pd.read_csv(reference)
+    columns = ["selected_clients", "ours", "paper", "difference", "scale"]
+    censor = [d for d in conv["clients_defenses"] if d != "none"]
+    if scale != "paper" or not censor:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    ours = table[["selected_clients", f"{labels[censor[0]]} accuracy"]].set_axis(
+        ["selected_clients", "ours"], axis=1
+    )
+    merged = ours.merge(ref.rename(columns={"accuracy": "paper"}), on="selected_clients")
+    merged["difference"] = merged["ours"] - merged["paper"]
+    merged["scale"] = scale
+    return merged[columns]
+
+
+def _markdown(
+    table: pd.DataFrame,
+    comparison: pd.DataFrame,
+    summaries: list[dict[str, Any]],
+    settings: dict[str, Any],
+) -> str:
+    conv = settings["convergence"]
+    lines = [f"# {conv['title']}", ""]
+    if settings["scale"] == "embedded":
+        lines += [f"> **SCALED-DOWN run.** {conv['scaled_down_note'].strip()}", ""]
+    lines += [
+        "Final test accuracy (%) at the last evaluated round, for each number of clients "
+        "selected per round (Table VI). Curves per round: `convergence.csv`, "
+        "`fig7_accuracy.png`, `fig8_loss.png`.",
+        "",
+        "| " + " | ".join(table.columns) + " |",
+        "|" + "---|" * len(table.columns),
+    ]
+    for rec in table.to_dict("records"):
+        cells = [
+            f"{v:.2f}" if isinstance(v, float) and pd.notna(v) else ("" if v is None else str(v))
+            for v in rec.values()
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Setting", ""]
+    lines += [f"- partition: {conv['partition']}", f"- FL: {settings['fl']}"]
+    lines += [f"- seed: {settings['seed']}, scale: {settings['scale']}"]
+    stats = {f"{s['defense']} k={_k(s)}": s.get("defense_stats") for s in summaries}
+    stats = {k: v for k, v in stats.items() if v}
+    if stats:
+        lines += [f"- CENSOR diagnostics (updates, fallbacks, cosine sum): {stats}"]
+    commits = sorted({str(s.get("git_commit")) for s in summaries})
+    lines += [f"- git commit(s): {', '.join(commits)}", ""]
+    lines += ["## Published numbers (Table VI, CENSOR accuracy %)", ""]
+    if comparison.empty:
+        lines += [
+            "Not compared: only a run at the paper's scale (CIFAR-10, 100 clients) is "
+            "comparable; `table6_clients_vs_paper.csv` is header-only.",
+        ]
+    else:
+        lines += ["| selected clients | ours | paper | difference |", "|---|---|---|---|"]
+        for rec in comparison.to_dict("records"):
+            lines.append(
+                f"| {rec['selected_clients']} | {rec['ours']:.2f} | {rec['paper']:.2f} | "
+                f"{rec['difference']:+.2f} |"
+            )
+    return "\n".join(lines) + "\n"

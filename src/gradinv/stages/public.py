@@ -1,0 +1,92 @@
+"""Stage: CENSOR's Fig. 10, reconstructions under directions drawn from public images.
+
+With ``source: public`` CENSOR's shared update is built from gradients of public images of one
+class, so an attack that inverts it is pulled toward that class. This stage measures the pull for
+every victim: the MSE of each reconstruction to its private original and to the nearest public
+pool image (``closer_to_public`` when the second is smaller), and draws originals,
+reconstructions under each defense of the table, and the nearest public image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradinv.data import load_prepared
+from gradinv.data.prepared import public_pool
+from gradinv.io import load_tensors, read_json
+from gradinv.tables import GridEntry, reconstruction_grid, write_csv
+
+
+def run(
+    settings: dict[str, Any],
+    metric_files: list[Path],
+    reconstructions: list[Path],
+    victims: list[Path],
+    prepared_dir: Path,
+    out_dir: Path,
+) -> None:
+    import pandas as pd
+
+    public_defense = settings["public_defense"]
+    cfg = settings["defenses"][public_defense]
+    rows, entries, nearest = [], [], {}
+    pools: dict[str, torch.Tensor] = {}
+    for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
+        row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
+        dataset = row["dataset"]
+        if dataset not in pools:
+            ds = load_prepared(dataset, prepared_dir)
+            pools[dataset] = public_pool(
+                ds, cfg["public_class"], cfg["public_images"], where=f"defenses.{public_defense}"
+            )[0]
+        original = secret["images"][0]
+        image = rec["images"][0] if rec["status"] == "ok" else None
+        record = {
+            "dataset": dataset,
+            "defense": row["defense"],
+            "defense_label": row["defense_label"],
+            "attack": row["attack"],
+            "victim": row["victim"],
+            "status": rec["status"],
+            "mse_to_original": None,
+            "mse_to_public": None,
+            "closer_to_public": None,
+            "scale": settings["scale"],
+        }
+        if image is not None:
+            to_public = ((pools[dataset] - image) ** 2).flatten(1).mean(1)
+            best = int(torch.argmin(to_public))
+            record["mse_to_original"] = float(((image - original) ** 2).mean())
+            record["mse_to_public"] = float(to_public[best])
+            record["closer_to_public"] = record["mse_to_public"] < record["mse_to_original"]
+            if row["defense"] == public_defense:
+                nearest[(row["dataset_label"], row["victim"])] = pools[dataset][best]
+        rows.append(record)
+        entries.append(
+            GridEntry(
+                dataset=row["dataset_label"],
+                defense_label=row["defense_label"],
+                attack_label=row["attack_label"],
+                victim=row["victim"],
+                original=original,
+                reconstruction=image,
+            )
+        )
+    label = f"nearest public image\n(class {cfg['public_class']})"
+    for (dataset_label, victim), image in nearest.items():
+        first = next(e for e in entries if (e.dataset, e.victim) == (dataset_label, victim))
+        entries.append(
+            GridEntry(
+                dataset=first.dataset,
+                defense_label=label,
+                attack_label="",
+                victim=victim,
+                original=first.original,
+                reconstruction=image,
+            )
+        )
+    write_csv(pd.DataFrame.from_records(rows), out_dir / "fig10_public_drift.csv")
+    reconstruction_grid(entries, out_dir / "fig10_public.png")
