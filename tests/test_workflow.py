@@ -125,8 +125,18 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     # 0), Table VII (the whole-model variant), Fig. 9 (four more T); shared runs counted once.
     assert counts["attack"] == eot + rounds + layer + trials
     assert counts["report"] == 4 and counts["report_convergence"] == 1
-    # Convergence: 4 curves at the default K, plus {none, censor} at the other two K.
-    assert counts["train_convergence"] == 4 + 2 * (len(k) - 1)
+    # Convergence: one run per curve at the default K, plus Table VI's defenses at every K.
+    conv = cfg["convergence"]
+    default_k = (
+        (conv["fl"] | yaml.safe_load((root / PAPER).read_text())["convergence"]["fl"])[
+            "clients_per_round"
+        ]
+        if overlay
+        else conv["fl"]["clients_per_round"]
+    )
+    runs = {(d, default_k) for d in conv["defenses"]}
+    runs |= {(d, kk) for d in conv["clients_defenses"] for kk in k}
+    assert counts["train_convergence"] == len(runs)
 
 
 def test_lint_is_clean():
@@ -176,7 +186,9 @@ def test_tiny_end_to_end_run(tmp_path):
     from gradinv.io import load_tensors
 
     shared = load_tensors(capture)
-    assert set(shared) == {"server", "update"}  # only what the server sees
+    # What the server sees, and apart what only the client knows (read by the score stage alone).
+    assert set(shared) == {"server", "update", "client"}
+    assert set(shared["client"]) == {"update_cosine", "fallback_fired", "defense"}
     assert shared["update"]["meta"]["labels"] is None
     with sqlite3.connect(root / "mlflow.db") as db:
         runs = db.execute(

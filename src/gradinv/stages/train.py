@@ -138,11 +138,14 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             if key != "round":
                 history.setdefault(key, []).append((int(row["round"]), float(value)))
     final = {k: v[-1][1] for k, v in history.items()}
+    key = f"{summary['dataset']}/{summary['model']}/{summary['defense']}"
+    if settings.get("study"):  # e.g. the convergence study: another run of the same defense
+        key += f" ({settings['study']})"
     log_job(
         settings,
         kind="train",
-        run_name=f"train {summary['dataset']}/{summary['model']}/{summary['defense']}",
-        job_key=f"train/{summary['dataset']}/{summary['model']}/{summary['defense']}",
+        run_name=f"train {key}",
+        job_key=f"train/{key}",
         params={
             "fl": settings["fl"],
             "defense": settings["defense"],
