@@ -7,7 +7,13 @@
 #   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import job_settings, table_rounds, table_victims
+from gradinv.config import (
+    convergence_curves_k,
+    convergence_fl,
+    job_settings,
+    table_rounds,
+    table_victims,
+)
 from gradinv import pipeline
 
 pipeline.setup_environment(workflow.basedir)

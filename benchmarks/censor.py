@@ -27,8 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gradinv.defenses import build_defense, gradients_of
-from gradinv.defenses.censor import gradient_cosine
+from gradinv.defenses import build_defense, gradient_cosine, gradients_of
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 

@@ -81,7 +81,8 @@ def write(tmp_path: Path, records: list[dict]) -> list[Path]:
     folder.mkdir(exist_ok=True)
     paths = []
     for rec in records:
-        path = folder / f"{rec['dataset']}_{rec['defense']}_{rec['attack']}_{rec['victim']}.json"
+        name = f"{rec['dataset']}_{rec['defense']}_{rec['attack']}_r{rec['round']}_{rec['victim']}"
+        path = folder / f"{name}.json"
         path.write_text(json.dumps(rec))
         paths.append(path)
     return paths
@@ -332,7 +333,7 @@ def test_vs_paper_matches_an_extra_key_column(tmp_path):
         for v in range(2)
     ]
     long = long_table(
-        collect(write_rounds(tmp_path, records)),
+        collect(write(tmp_path, records)),
         rows=("dataset", "defense", "round"),
         attacks=["ig"],
         defenses=["none"],
@@ -352,24 +353,13 @@ def test_vs_paper_matches_an_extra_key_column(tmp_path):
         vs_paper(long, wrong)
 
 
-def write_rounds(tmp_path: Path, records: list[dict]) -> list[Path]:
-    folder = tmp_path / "metrics"
-    folder.mkdir(exist_ok=True)
-    paths = []
-    for rec in records:
-        path = folder / f"{rec['defense']}_{rec['round']}_{rec['victim']}.json"
-        path.write_text(json.dumps(rec))
-        paths.append(path)
-    return paths
-
-
 def test_a_swept_table_draws_a_line_per_attack(tmp_path):
     from gradinv.tables.render import Sweep
 
     records = [run(victim=v, round=r, psnr=20.0 - r) for r in (0, 3, 6) for v in range(2)]
     out = render_table(
         "table5_rounds",
-        write_rounds(tmp_path, records),
+        write(tmp_path, records),
         tmp_path / "out",
         attacks=["ig"],
         defenses=["none"],

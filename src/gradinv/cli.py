@@ -208,11 +208,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--victim", type=int, required=True)
     sp.add_argument("--capture", required=True, help="the capture (client-side diagnostics)")
 
-    sp = verb("report", _cmd_report, "render a paper table from metric files")
-    sp.add_argument("--metrics", nargs="+", required=True)
-    sp.add_argument("--reconstructions", nargs="+", required=True)
-    sp.add_argument("--victims", nargs="+", required=True)
-    sp.add_argument("--out-dir", required=True)
+    def table_inputs(sp: argparse.ArgumentParser) -> None:
+        """The per-victim files a table's report reads, and where it writes."""
+        sp.add_argument("--metrics", nargs="+", required=True)
+        sp.add_argument("--reconstructions", nargs="+", required=True)
+        sp.add_argument("--victims", nargs="+", required=True)
+        sp.add_argument("--out-dir", required=True)
+
+    table_inputs(verb("report", _cmd_report, "render a paper table from metric files"))
 
     sp = verb(
         "report-convergence",
@@ -228,11 +231,8 @@ def parser() -> argparse.ArgumentParser:
         _cmd_report_public,
         "draw CENSOR's Fig. 10 and measure the pull toward the public class",
     )
-    sp.add_argument("--metrics", nargs="+", required=True)
-    sp.add_argument("--reconstructions", nargs="+", required=True)
-    sp.add_argument("--victims", nargs="+", required=True)
+    table_inputs(sp)
     sp.add_argument("--prepared-dir", default="data/prepared")
-    sp.add_argument("--out-dir", required=True)
 
     sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)
     sp.add_argument("--experiment", required=True)

@@ -382,7 +382,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             {
                 **common,
                 "convergence": conv,
-                "fl": convergence_fl(config, max(conv["clients_per_round"])),
+                "fl": convergence_fl(config, convergence_curves_k(config)),
                 "labels": {d: config["defenses"][d]["label"] for d in config["defenses"]},
                 "defenses": {
                     d: config["defenses"][d] for d in {*conv["defenses"], *conv["clients_defenses"]}
@@ -455,6 +455,11 @@ def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, 
     fl["clients_per_round"] = clients_per_round
     fl["checkpoint_rounds"] = [fl["rounds"]]
     return fl
+
+
+def convergence_curves_k(config: dict[str, Any]) -> int:
+    """Clients per round of the Figs. 7-8 curves: ``convergence.fl``, else ``fl``."""
+    return int(merge(config["fl"], config["convergence"]["fl"])["clients_per_round"])
 
 
 def _dump(obj: Any) -> str:

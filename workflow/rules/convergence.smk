@@ -2,7 +2,7 @@
 # the study's own partition and FL setting (params.yaml `convergence`); no attack involved.
 
 CONVERGENCE = config["convergence"]
-CONVERGENCE_ROUNDS = {**config["fl"], **CONVERGENCE["fl"]}["rounds"]
+CONVERGENCE_ROUNDS = convergence_fl(config, convergence_curves_k(config))["rounds"]
 
 
 rule partition_convergence:
@@ -47,7 +47,7 @@ rule train_convergence:
 
 rule report_convergence:
     input:
-        curves=convergence_runs(CONVERGENCE["defenses"], [CONVERGENCE["fl"]["clients_per_round"]]),
+        curves=convergence_runs(CONVERGENCE["defenses"], [convergence_curves_k(config)]),
         clients=convergence_runs(CONVERGENCE["clients_defenses"], CONVERGENCE["clients_per_round"]),
     output:
         csv="results/convergence.csv",

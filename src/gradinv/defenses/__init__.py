@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from gradinv.defenses.base import Defense, Gradients, gradients_of
+from gradinv.defenses.base import Defense, Gradients, gradient_cosine, gradients_of
 from gradinv.registry import Registry
 from gradinv.settings import from_mapping
 
@@ -51,5 +51,6 @@ __all__ = [
     "Gradients",
     "build_defense",
     "defense_settings",
+    "gradient_cosine",
     "gradients_of",
 ]

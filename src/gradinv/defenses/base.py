@@ -22,6 +22,14 @@ def gradients_of(
     return {n: g for (n, _), g in zip(named, grads, strict=True)}
 
 
+def gradient_cosine(a: Gradients, b: Gradients) -> float:
+    """Cosine between two gradients over all of ``b``'s layers, flattened together."""
+    dot = sum((a[n] * b[n]).sum() for n in b)
+    na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
+    nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))
+    return float(dot / (na * nb)) if na > 0 and nb > 0 else 0.0
+
+
 class Defense:
     """Base class. Subclasses define a frozen ``Settings`` dataclass and override one hook.
 

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from gradinv.defenses import DEFENSES
-from gradinv.defenses.base import Defense, Gradients, LossFn, gradients_of
+from gradinv.defenses.base import Defense, Gradients, LossFn, gradient_cosine, gradients_of
 from gradinv.settings import bounded
 
 
@@ -287,14 +287,6 @@ def per_sample_gradients(
         return loss_fn(functional_call(model, {**p, **b}, (x[None],)), y[None])
 
     return vmap(grad(loss_of), in_dims=(None, buffer_dim, 0, 0))(params, buffers, inputs, labels)
-
-
-def gradient_cosine(a: Gradients, b: Gradients) -> float:
-    """Cosine between two gradients over all of ``b``'s layers, flattened together."""
-    dot = sum((a[n] * b[n]).sum() for n in b)
-    na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
-    nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))
-    return float(dot / (na * nb)) if na > 0 and nb > 0 else 0.0
 
 
 def orthogonal_direction(g: Tensor, r: Tensor, projection: str = "exact") -> Tensor:

@@ -16,8 +16,7 @@ from torch import Tensor
 from gradinv.config import method_settings
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
-from gradinv.defenses import Defense, build_defense, defense_settings
-from gradinv.defenses.censor import gradient_cosine
+from gradinv.defenses import Defense, build_defense, defense_settings, gradient_cosine
 from gradinv.fl.client import client_update
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
@@ -128,8 +127,7 @@ def run(
         model.load_state_dict(server.state)
         model.to(device).train(threat["model_mode"] == "train")
         inputs, labels = batch.normalized(mean, std).to(device), batch.labels.to(device)
-        protocol = {"protocol": fl["protocol"], "local_steps": fl["local_steps"]}
-        protocol["local_lr"] = fl["local_lr"]
+        protocol = {k: fl[k] for k in ("protocol", "local_steps", "local_lr")}
         update, _ = client_update(
             model,
             inputs,

@@ -34,6 +34,25 @@ def _save(fig: Figure, out_path: str | os.PathLike[str]) -> None:
         fig.savefig(tmp, format="png", dpi=DPI, metadata=PNG_METADATA)
 
 
+def _say_why_empty(ax: Any, panel: pd.DataFrame) -> bool:
+    """Write the cells' note on a panel without any finite value; True if it had none."""
+    if np.isfinite(panel["mean"].to_numpy(dtype=float)).any():
+        return False
+    notes = [n for n in panel["note"] if n]
+    ax.text(
+        0.5,
+        0.6,
+        notes[0] if notes else "no values",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        wrap=True,
+        fontsize=7,
+        color="firebrick",
+    )
+    return True
+
+
 def table_figure(
     long: pd.DataFrame,
     out_path: str | os.PathLike[str],
@@ -96,19 +115,7 @@ def table_figure(
                             color="firebrick",
                             transform=ax.get_xaxis_transform(),
                         )
-            if not np.isfinite(panel["mean"].to_numpy(dtype=float)).any():
-                notes = [n for n in panel["note"] if n]
-                ax.text(
-                    0.5,
-                    0.6,
-                    notes[0] if notes else "no values",
-                    transform=ax.transAxes,
-                    ha="center",
-                    va="center",
-                    wrap=True,
-                    fontsize=7,
-                    color="firebrick",
-                )
+            if _say_why_empty(ax, panel):
                 ax.set_yticks([])
             ax.set_xticks(np.arange(len(xs)), xs, rotation=30, ha="right")
         handles, labels = axes[0][0].get_legend_handles_labels()
@@ -154,19 +161,7 @@ def sweep_figure(
                 label = f"{line} ({failed} failed)" if failed else line
                 ax.plot(xs, mean, marker="o", color=color, label=label)
                 ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
-            if not np.isfinite(panel["mean"].to_numpy(dtype=float)).any():
-                notes = [n for n in panel["note"] if n]
-                ax.text(
-                    0.5,
-                    0.6,
-                    notes[0] if notes else "no values",
-                    transform=ax.transAxes,
-                    ha="center",
-                    va="center",
-                    wrap=True,
-                    fontsize=7,
-                    color="firebrick",
-                )
+            _say_why_empty(ax, panel)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
