@@ -9,7 +9,6 @@
 
 from gradinv.config import (
     convergence_curves_k,
-    convergence_fl,
     job_settings,
     table_rounds,
     table_victims,

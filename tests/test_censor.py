@@ -76,6 +76,25 @@ def test_the_same_seed_gives_the_same_update_and_another_seed_another():
     assert not all(torch.equal(a[n], c[n]) for n in a)
 
 
+def test_device_draws_change_nothing_on_the_cpu():
+    a, *_ = share(censor(trials=4), seed=3)
+    b, *_ = share(censor(trials=4, draws="device"), seed=3)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_draws_on_a_gpu_are_seeded_and_orthogonal():
+    from gradinv.defenses.censor import _draw_generator
+
+    gpu = torch.device("cuda")
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    d1, d2 = _draw_generator(g1, gpu, "device"), _draw_generator(g2, gpu, "device")
+    assert d1.device.type == "cuda" and d1.initial_seed() == d2.initial_seed()
+    grads = {"w": torch.randn(300, 40, device=gpu)}
+    out = censor(trials=3, draws="device")._candidate(grads, d1)["w"]
+    assert out.device.type == "cuda" and abs(cos(out, grads["w"])) < 1e-5
+
+
 def test_as_coded_projection_leaks_on_a_small_norm_layer():
     exact, coded = censor(), censor(projection="as-coded")
     g = {"bias": torch.randn(64, generator=torch.Generator().manual_seed(0)) * 1e-3}

@@ -162,6 +162,14 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"convergence.defenses: 'censr' is not defined under defenses. Did you mean 'censor'",
         ),
         (
+            broken("convergence.official_loop.defenses", ["none", "censr"]),
+            r"convergence.official_loop.defenses: 'censr' is not defined under defenses",
+        ),
+        (
+            broken("convergence.official_loop.step_lr", 0),
+            r"convergence.official_loop.step_lr",
+        ),
+        (
             broken("threat_model.bn_statistics", True),
             r"threat_model.bn_statistics: true needs batch-norm layers, but .* 'cnn3' has none",
         ),
@@ -231,3 +239,13 @@ def test_convergence_jobs_get_the_studys_partition_and_fl():
     assert train["fl"]["rounds"] == conv["fl"]["rounds"]
     assert train["fl"]["checkpoint_rounds"] == [conv["fl"]["rounds"]]
     assert train["fl"]["lr"] == PARAMS["fl"]["lr"]  # not overridden: taken from `fl`
+
+
+def test_the_official_loop_runs_without_partition_or_fl():
+    cfg = validate(copy.deepcopy(PARAMS))
+    key = {"dataset": "patches", "model": "cnn3", "defense": "censor_code"}
+    job = json.loads(job_settings(cfg, "convergence_official", **key))
+    loop = {k: v for k, v in PARAMS["convergence"]["official_loop"].items() if k != "defenses"}
+    assert job["official_loop"] == {**loop, "eval_samples": PARAMS["fl"]["eval_samples"]}
+    assert job["partition"] is None and job["fl"] is None
+    assert job["defense"] == cfg["defenses"]["censor_code"]

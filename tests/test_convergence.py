@@ -1,4 +1,5 @@
-"""CENSOR's convergence study (Figs. 7-8, Table VI) is rendered from training summaries.
+"""CENSOR's convergence study (Figs. 7-8, Table VI): the official code's training loop, and the
+report rendered from training summaries.
 
 The summaries below are synthetic fixtures for the report code, not results; the real runs are
 exercised by the workflow tests.
@@ -11,8 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from PIL import Image
 
+from gradinv.defenses import build_defense
+from gradinv.fl.official import OfficialLoop, train_official
+from gradinv.models import build_model
+from gradinv.progress import Progress
+from gradinv.protocol import ModelSpec
 from gradinv.stages.convergence import run
 
 CONV = {
@@ -103,3 +110,97 @@ def test_paper_scale_is_compared_with_table_vi(tmp_path):
     comp = pd.read_csv(out / "table6_clients_vs_paper.csv")
     assert comp["paper"].tolist() == [85.27, 85.33]
     assert comp["difference"].tolist() == pytest.approx([85.0 - 85.27, 85.0 - 85.33])
+
+
+def official_summary(tmp: Path, defense: str, final: float) -> Path:
+    history = [
+        {"round": r, "test_accuracy": final * r / 4, "test_loss": 2.0 - r / 4} for r in range(5)
+    ]
+    path = tmp / defense / "official" / "summary.json"
+    path.parent.mkdir(parents=True)
+    record = {"status": "ok", "failure": None, "history": history, "defense": defense}
+    path.write_text(json.dumps({**record, "defense_stats": None, "git_commit": "abc"}))
+    return path
+
+
+def test_the_official_loop_is_a_second_panel_and_table(tmp_path):
+    a, b = summary(tmp_path, "none", 2, 0.6), summary(tmp_path, "censor", 2, 0.1)
+    loop = [official_summary(tmp_path, "none", 0.5), official_summary(tmp_path, "censor", 0.48)]
+    out = tmp_path / "results"
+    conv = {**CONV, "clients_per_round": [2], "official_loop": {"epochs": 4, "defended_epochs": 2}}
+    run({**settings(), "convergence": conv}, [a, b], [a, b], out, official=loop)
+    curves = pd.read_csv(out / "convergence.csv")
+    assert curves.groupby("loop").size().to_dict() == {
+        "FL, CENSOR's Algorithm 1": 6,
+        "official code's loop (central training)": 10,
+    }
+    md = (out / "table6_clients.md").read_text()
+    assert "| Censor | 48.00 | 4 | -2.00 |" in md
+    assert "first 2 of 4 epochs" in md
+    wide = Image.open(out / "fig7_accuracy.png").size[0]
+    run({**settings(), "convergence": conv}, [a, b], [a, b], out)  # without: one panel
+    assert Image.open(out / "fig7_accuracy.png").size[0] < wide
+    assert "official code's loop" not in (out / "table6_clients.md").read_text()
+
+
+LOOP = OfficialLoop(
+    epochs=4,
+    defended_epochs=2,
+    defended_batch=1,
+    step_lr=1e-3,
+    batch_size=16,
+    lr=0.05,
+    defended_lr=1e-3,
+    momentum=0.9,
+    weight_decay=5e-4,
+    eval_every=1,
+    eval_samples=16,
+)
+
+
+class StopAfter(Progress):
+    """Saves after every epoch and stops the run after ``saves`` saves, like a killed job."""
+
+    def __init__(self, folder: Path, saves: int) -> None:
+        super().__init__(folder, fingerprint="f", every=0)
+        self.left = saves
+
+    def save(self, state, name="state"):
+        super().save(state, name)
+        self.left -= 1
+        if self.left == 0:
+            raise KeyboardInterrupt
+
+
+def _official(defense, progress=None):
+    spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(48, 3, 16, 16, generator=g), torch.randint(0, 4, (48,), generator=g)
+    model = build_model(spec, seed=0)
+    final = {}
+
+    def keep(rnd, m):
+        final[rnd] = {k: v.clone() for k, v in m.state_dict().items()}
+
+    history = train_official(model, x, y, x[:16], y[:16], defense, LOOP, 3, keep, progress)
+    return final, history
+
+
+def test_official_loop_defends_only_its_first_epochs_and_resumes_bit_for_bit(tmp_path):
+    censor = build_defense("censor", {"trials": 3}, where="test", update_lr=1e-3)
+    final, history = _official(censor)
+    assert [h["defended"] for h in history[1:]] == [1.0, 1.0, 0.0, 0.0]
+    assert censor.stats["updates"] == LOOP.defended_epochs  # one defended step per epoch
+    assert list(final) == [LOOP.epochs] and all("test_accuracy" in h for h in history)
+    # The central epochs train on raw gradients: the loss falls although the defense is on.
+    assert history[-1]["train_loss"] < history[1]["train_loss"]
+    with pytest.raises(KeyboardInterrupt):
+        _official(
+            build_defense("censor", {"trials": 3}, where="test", update_lr=1e-3),
+            StopAfter(tmp_path / "p", saves=2),
+        )
+    resumed = Progress(tmp_path / "p", fingerprint="f", every=0)
+    again = build_defense("censor", {"trials": 3}, where="test", update_lr=1e-3)
+    final2, history2 = _official(again, resumed)
+    assert history2 == history
+    assert all(torch.equal(final2[4][k], final[4][k]) for k in final[4])

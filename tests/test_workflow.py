@@ -1,6 +1,7 @@
 """The Snakemake workflow: dry runs of every paper target, lint, bad config, one tiny real run."""
 
 import csv
+import json
 import os
 import shutil
 import sqlite3
@@ -8,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -137,6 +140,8 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     runs = {(d, default_k) for d in conv["defenses"]}
     runs |= {(d, kk) for d in conv["clients_defenses"] for kk in k}
     assert counts["train_convergence"] == len(runs)
+    # The official code's loop: one central run per defense, no partition, no K.
+    assert counts["train_convergence_official"] == len(conv["official_loop"]["defenses"])
 
 
 def test_lint_is_clean():
@@ -154,6 +159,31 @@ def test_a_bad_config_stops_snakemake_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "defenses.noise.std: -1 is out of range" in proc.stdout + proc.stderr
     assert not (root / "results").exists()
+
+
+@pytest.mark.slow
+def test_tiny_convergence_study_runs_both_loops(tmp_path):
+    """Figs. 7-8 and Table VI for real, on the tiny overlay: FL curves and the official loop."""
+    root = workflow_copy(tmp_path)
+    tiny = "tests/configs/tiny.yaml"
+    proc = snakemake("results/table6_clients.csv", "--cores", "2", "--configfile", tiny, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    curves = pd.read_csv(root / "results/convergence.csv")
+    cfg = yaml.safe_load((root / tiny).read_text())["convergence"]
+    official = curves[curves["loop"].str.startswith("official")]
+    assert set(official["defense"]) == set(cfg["official_loop"]["defenses"])
+    assert sorted(set(official["round"])) == list(range(cfg["official_loop"]["epochs"] + 1))
+    fl = curves[curves["loop"].str.startswith("FL")]
+    assert fl["round"].max() == cfg["fl"]["rounds"]
+    assert curves["test_accuracy"].between(0, 1).all()
+    md = (root / "results/table6_clients.md").read_text()
+    assert "SCALED-DOWN" in md and "## The official code's loop" in md
+    for defense in cfg["official_loop"]["defenses"]:
+        run = root / f"results/convergence/patches/cnn3/{defense}/official"
+        assert (run / "final.pt").stat().st_size > 0
+        assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+    wide = Image.open(root / "results/fig7_accuracy.png").size
+    assert wide[0] > 1.5 * wide[1]  # two panels side by side
 
 
 @pytest.mark.slow

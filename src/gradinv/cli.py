@@ -49,13 +49,12 @@ def _cmd_partition(a: argparse.Namespace) -> None:
 def _cmd_train(a: argparse.Namespace) -> None:
     from gradinv.stages.train import run
 
-    checkpoints = {}
+    checkpoints: dict[int | str, Path] = {}
     for path in a.checkpoints:
-        stem = Path(path).stem  # round<N>
-        checkpoints[int(stem.removeprefix("round"))] = Path(path)
-    run(
-        _settings(a.settings), Path(a.prepared_dir), Path(a.partition), checkpoints, Path(a.summary)
-    )
+        stem = Path(path).stem  # round<N>, or final (the last round, whichever it is)
+        checkpoints[stem if stem == "final" else int(stem.removeprefix("round"))] = Path(path)
+    partition = Path(a.partition) if a.partition else None
+    run(_settings(a.settings), Path(a.prepared_dir), partition, checkpoints, Path(a.summary))
 
 
 def _cmd_victim(a: argparse.Namespace) -> None:
@@ -118,6 +117,7 @@ def _cmd_report_convergence(a: argparse.Namespace) -> None:
         [Path(p) for p in a.curves],
         [Path(p) for p in a.clients],
         Path(a.out_dir),
+        official=[Path(p) for p in a.official],
     )
 
 
@@ -174,8 +174,10 @@ def parser() -> argparse.ArgumentParser:
 
     sp = verb("train", _cmd_train, "federated training under one defense")
     sp.add_argument("--prepared-dir", required=True)
-    sp.add_argument("--partition", required=True)
-    sp.add_argument("--checkpoints", nargs="+", required=True)
+    sp.add_argument("--partition", help="the clients' partition (not used by the official loop)")
+    sp.add_argument(
+        "--checkpoints", nargs="+", required=True, help="round<N>.pt files, or final.pt"
+    )
     sp.add_argument("--summary", required=True)
 
     sp = verb("victim", _cmd_victim, "select a victim's private batch", settings=False)
@@ -224,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--curves", nargs="+", required=True)
     sp.add_argument("--clients", nargs="+", required=True)
+    sp.add_argument(
+        "--official", nargs="*", default=[], help="summaries of the official code's loop"
+    )
     sp.add_argument("--out-dir", required=True)
 
     sp = verb(

@@ -202,8 +202,13 @@ def _check_references(config: dict[str, Any], source: str) -> None:
         close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
         raise ConfigError(f"{source}: convergence.fl.{unknown[0]}: unknown key.{hint}")
-    for key in ("defenses", "clients_defenses"):
-        for name in conv[key]:
+    official = conv.get("official_loop", {})
+    for key, names in (
+        ("defenses", conv["defenses"]),
+        ("clients_defenses", conv["clients_defenses"]),
+        ("official_loop.defenses", official.get("defenses", [])),
+    ):
+        for name in names:
             if name not in config["defenses"]:
                 close = difflib.get_close_matches(name, config["defenses"], n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -366,6 +371,16 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out["fl"] = convergence_fl(config, int(w["k"]))
         out["study"] = f"convergence k={w['k']}"
         return _dump(out)
+    if stage == "convergence_official":
+        # The train stage's settings with the loop of CENSOR's official code (no partition).
+        out = json.loads(job_settings(config, "train", **w))
+        loop = dict(config["convergence"]["official_loop"])
+        del loop["defenses"]
+        out["official_loop"] = {**loop, "eval_samples": config["fl"]["eval_samples"]}
+        out["partition"] = None
+        out["fl"] = None
+        out["study"] = "convergence, official code's loop"
+        return _dump(out)
     if stage == "public_report":
         spec = config["tables"]["fig10_public"]
         public = [d for d in spec["defenses"] if config["defenses"][d].get("source") == "public"]
@@ -385,7 +400,12 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "fl": convergence_fl(config, convergence_curves_k(config)),
                 "labels": {d: config["defenses"][d]["label"] for d in config["defenses"]},
                 "defenses": {
-                    d: config["defenses"][d] for d in {*conv["defenses"], *conv["clients_defenses"]}
+                    d: config["defenses"][d]
+                    for d in {
+                        *conv["defenses"],
+                        *conv["clients_defenses"],
+                        *conv.get("official_loop", {}).get("defenses", []),
+                    }
                 },
             }
         )

@@ -51,3 +51,12 @@ def convergence_runs(defenses, clients):
         defense=defenses,
         k=clients,
     )
+
+
+def official_loop_runs():
+    """Summaries of the official code's loop in the convergence study (its second panel)."""
+    conv = config["convergence"]
+    return expand(
+        f"results/convergence/{conv['dataset']}/{conv['model']}/{{defense}}/official/summary.json",
+        defense=conv.get("official_loop", {}).get("defenses", []),
+    )

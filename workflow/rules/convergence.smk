@@ -1,8 +1,11 @@
 # CENSOR's convergence study (its Figs. 7-8 and Table VI): FL training on non-IID clients, with
-# the study's own partition and FL setting (params.yaml `convergence`); no attack involved.
+# the study's own partition and FL setting (params.yaml `convergence`); no attack involved. The
+# loop of CENSOR's official code (central training, `convergence.official_loop`) runs beside it.
+# The model after the last round is `final.pt`, a path that does not change with the number of
+# rounds: Snakemake then reruns a job whose settings changed (its params trigger) even when only
+# summary.json is asked for; a path with the round in it would leave the old run standing.
 
 CONVERGENCE = config["convergence"]
-CONVERGENCE_ROUNDS = convergence_fl(config, convergence_curves_k(config))["rounds"]
 
 
 rule partition_convergence:
@@ -26,7 +29,7 @@ rule train_convergence:
         data="data/prepared/{dataset}.pt",
         partition="data/partitions/{dataset}.convergence.json",
     output:
-        checkpoint=f"results/convergence/{{dataset}}/{{model}}/{{defense}}/k{{k}}/round{CONVERGENCE_ROUNDS}.pt",
+        checkpoint="results/convergence/{dataset}/{model}/{defense}/k{k}/final.pt",
         summary="results/convergence/{dataset}/{model}/{defense}/k{k}/summary.json",
     params:
         settings=lambda w: job_settings(config, "convergence_train", **w),
@@ -45,10 +48,33 @@ rule train_convergence:
         "--summary {output.summary} > {log} 2>&1"
 
 
+rule train_convergence_official:
+    input:
+        data="data/prepared/{dataset}.pt",
+    output:
+        checkpoint="results/convergence/{dataset}/{model}/{defense}/official/final.pt",
+        summary="results/convergence/{dataset}/{model}/{defense}/official/summary.json",
+    params:
+        settings=lambda w: job_settings(config, "convergence_official", **w),
+    threads: config["threads_per_job"]
+    resources:
+        gpu=GPU_PER_JOB,
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/convergence/{dataset}/{model}/{defense}/official.log",
+    benchmark:
+        "results/benchmarks/convergence/{dataset}/{model}/{defense}/official.tsv"
+    shell:
+        "gradinv train --settings {params.settings:q} --prepared-dir data/prepared "
+        "--checkpoints {output.checkpoint} --summary {output.summary} > {log} 2>&1"
+
+
 rule report_convergence:
     input:
         curves=convergence_runs(CONVERGENCE["defenses"], [convergence_curves_k(config)]),
         clients=convergence_runs(CONVERGENCE["clients_defenses"], CONVERGENCE["clients_per_round"]),
+        official=official_loop_runs(),
     output:
         csv="results/convergence.csv",
         accuracy="results/fig7_accuracy.png",
@@ -64,4 +90,4 @@ rule report_convergence:
         "results/logs/report/convergence.log",
     shell:
         "gradinv report-convergence --settings {params.settings:q} --curves {input.curves} "
-        "--clients {input.clients} --out-dir results > {log} 2>&1"
+        "--clients {input.clients} --official {input.official} --out-dir results > {log} 2>&1"

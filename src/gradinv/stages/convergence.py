@@ -4,6 +4,10 @@ Each input is the summary of one FL training run (``gradinv train``) on the stud
 partition. Figures 7 and 8 plot test accuracy and test loss per round, one curve per defense;
 Table VI gives the final test accuracy for each number of selected clients, CENSOR beside vanilla
 training. A failed (diverged) run keeps its row with an empty accuracy and its reason.
+
+The runs of the official code's loop (:mod:`gradinv.fl.official`, central training with one
+defended step per epoch) are a second panel of both figures and a second table in
+``table6_clients.md``, so the FL result and the code's result stand side by side.
 """
 
 from __future__ import annotations
@@ -18,39 +22,63 @@ from gradinv.stages.common import project_path
 from gradinv.tables.figures import curve_figure
 from gradinv.tables.render import write_csv
 
-CURVE_COLUMNS = ("defense", "label", "clients_per_round", "round", "test_accuracy", "test_loss")
+CURVE_COLUMNS = (
+    "loop",
+    "defense",
+    "label",
+    "clients_per_round",
+    "round",
+    "test_accuracy",
+    "test_loss",
+)
+FL_LOOP = "FL, CENSOR's Algorithm 1"
+OFFICIAL_LOOP = "official code's loop (central training)"
+X_LABELS = {FL_LOOP: "FL round", OFFICIAL_LOOP: "epoch (one defended step + central epoch)"}
 
 
-def run(settings: dict[str, Any], curves: list[Path], clients: list[Path], out_dir: Path) -> None:
+def run(
+    settings: dict[str, Any],
+    curves: list[Path],
+    clients: list[Path],
+    out_dir: Path,
+    official: list[Path] = (),
+) -> None:
     conv, labels, scale = settings["convergence"], settings["labels"], settings["scale"]
     # results/convergence/<dataset>/<model>/<defense>/k<K>/summary.json: K is in the path.
     runs = {
         path: {**read_json(path), "clients_per_round": int(path.parent.name.removeprefix("k"))}
         for path in dict.fromkeys([*curves, *clients])
     }
-    frame = _curves([runs[p] for p in curves], labels)
+    loop_runs = [{**read_json(p), "clients_per_round": None} for p in official]
+    frame = pd.concat(
+        [
+            _curves([runs[p] for p in curves], labels, FL_LOOP),
+            _curves(loop_runs, labels, OFFICIAL_LOOP),
+        ],
+        ignore_index=True,
+    )
     write_csv(frame.assign(scale=scale), out_dir / "convergence.csv")
+    plotted = frame.rename(columns={"loop": "panel"}) if loop_runs else frame.drop(columns="loop")
     title = f"{conv['title'].split(':')[0]}"
     suffix = " (SCALED DOWN)" if scale == "embedded" else ""
-    curve_figure(
-        frame,
-        out_dir / "fig7_accuracy.png",
-        y="test_accuracy",
-        y_label="test accuracy",
-        title=f"{title}, Fig. 7: test accuracy{suffix}",
-    )
-    curve_figure(
-        frame,
-        out_dir / "fig8_loss.png",
-        y="test_loss",
-        y_label="test loss",
-        title=f"{title}, Fig. 8: test loss{suffix}",
-    )
+    for name, y, y_label, fig in (
+        ("fig7_accuracy.png", "test_accuracy", "test accuracy", 7),
+        ("fig8_loss.png", "test_loss", "test loss", 8),
+    ):
+        curve_figure(
+            plotted,
+            out_dir / name,
+            y=y,
+            y_label=y_label,
+            title=f"{title}, Fig. {fig}: {y_label}{suffix}",
+            x_labels=X_LABELS,
+        )
     table = _clients_table([runs[p] for p in clients], conv, labels)
     write_csv(table, out_dir / "table6_clients.csv")
     comparison = _vs_paper(table, project_path(conv["reference"]), conv, labels, scale)
     write_csv(comparison, out_dir / "table6_clients_vs_paper.csv")
     text = _markdown(table, comparison, [runs[p] for p in runs], settings)
+    text += _official_markdown(loop_runs, conv, labels)
     with atomic_path(out_dir / "table6_clients.md") as tmp:
         tmp.write_text(text, encoding="utf-8")
 
@@ -59,16 +87,17 @@ def _k(summary: dict[str, Any]) -> int:
     return int(summary["clients_per_round"])
 
 
-def _curves(summaries: list[dict[str, Any]], labels: dict[str, str]) -> pd.DataFrame:
+def _curves(summaries: list[dict[str, Any]], labels: dict[str, str], loop: str) -> pd.DataFrame:
     rows = []
     for s in summaries:
         for point in s["history"]:
             if "test_accuracy" in point:
                 rows.append(
                     {
+                        "loop": loop,
                         "defense": s["defense"],
                         "label": labels[s["defense"]],
-                        "clients_per_round": _k(s),
+                        "clients_per_round": s["clients_per_round"],
                         "round": int(point["round"]),
                         "test_accuracy": float(point["test_accuracy"]),
                         "test_loss": float(point["test_loss"]),
@@ -175,4 +204,34 @@ def _markdown(
                 f"| {rec['selected_clients']} | {rec['ours']:.2f} | {rec['paper']:.2f} | "
                 f"{rec['difference']:+.2f} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def _official_markdown(
+    summaries: list[dict[str, Any]], conv: dict[str, Any], labels: dict[str, str]
+) -> str:
+    """The official code's loop: final accuracy per defense and its difference to vanilla."""
+    if not summaries:
+        return ""
+    loop = conv["official_loop"]
+    lines = [
+        "",
+        "## The official code's loop (central training; not FL)",
+        "",
+        f"CENSOR's official code (`run_rec.py`) trains centrally on raw gradients every epoch "
+        f"and takes one defended step per epoch; the defense is on in the first "
+        f"{loop['defended_epochs']} of {loop['epochs']} epochs here. Final test accuracy (%):",
+        "",
+        "| defense | accuracy | epoch | difference to no defense | failure |",
+        "|---|---|---|---|---|",
+    ]
+    finals = {s["defense"]: _final(s) for s in summaries}
+    vanilla = finals.get("none", (None, None))[0]
+    for s in summaries:
+        accuracy, epoch = finals[s["defense"]]
+        diff = "" if accuracy is None or vanilla is None else f"{accuracy - vanilla:+.2f}"
+        shown = "" if accuracy is None else f"{accuracy:.2f}"
+        lines.append(
+            f"| {labels[s['defense']]} | {shown} | {epoch or ''} | {diff} | {s['failure'] or ''} |"
+        )
     return "\n".join(lines) + "\n"

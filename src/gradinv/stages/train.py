@@ -18,6 +18,7 @@ from gradinv.config import method_settings
 from gradinv.data import load_prepared, read_partition
 from gradinv.data.prepared import public_pool
 from gradinv.defenses import build_defense, defense_settings
+from gradinv.fl.official import OfficialLoop, train_official
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
 from gradinv.models import build_model
@@ -30,29 +31,47 @@ from gradinv.stages.common import derive_seed, model_spec, record, setup, update
 def run(
     settings: dict[str, Any],
     prepared_dir: Path,
-    partition_path: Path,
-    checkpoints: dict[int, Path],
+    partition_path: Path | None,
+    checkpoints: dict[int | str, Path],
     summary_path: Path,
 ) -> None:
+    """FL training on ``partition_path``; with ``settings["official_loop"]``, the loop of
+    CENSOR's official code instead (:mod:`gradinv.fl.official`: central, no partition).
+
+    ``checkpoints`` maps each round to save to its file; the key ``"final"`` stands for the
+    last round (``fl.rounds``, or the loop's epochs).
+    """
     setup(settings)
     dataset = settings["dataset"]
     ds = load_prepared(dataset, prepared_dir)
-    parts, meta = read_partition(partition_path)
-    if meta.get("data_sha256") != ds.sha256:
-        raise RuntimeError(
-            f"{partition_path} was made from another version of {dataset}; "
-            "rerun snakemake to regenerate it"
-        )
-    fl = FLSettings.from_dict(settings["fl"])
-    if set(checkpoints) != set(fl.checkpoint_rounds):
+    official = settings.get("official_loop")
+    if official:
+        loop = OfficialLoop.from_dict(official)
+        rounds, eval_samples, step_lr = (loop.epochs,), loop.eval_samples, loop.step_lr
+        parts, partition_sha = [], None
+    else:
+        if partition_path is None:
+            raise ValueError("FL training needs a partition (--partition)")
+        parts, meta = read_partition(partition_path)
+        if meta.get("data_sha256") != ds.sha256:
+            raise RuntimeError(
+                f"{partition_path} was made from another version of {dataset}; "
+                "rerun snakemake to regenerate it"
+            )
+        fl = FLSettings.from_dict(settings["fl"])
+        if max(fl.checkpoint_rounds) > fl.rounds:
+            raise ValueError(
+                f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
+                f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round"
+            )
+        rounds, eval_samples = fl.checkpoint_rounds, fl.eval_samples
+        step_lr, partition_sha = update_lr(settings["fl"]), sha256_file(partition_path)
+    last = loop.epochs if official else fl.rounds
+    checkpoints = {last if r == "final" else r: path for r, path in checkpoints.items()}
+    if set(checkpoints) != set(rounds):
         raise ValueError(
-            f"checkpoint outputs {sorted(checkpoints)} do not match "
-            f"fl.checkpoint_rounds {list(fl.checkpoint_rounds)}"
-        )
-    if max(fl.checkpoint_rounds) > fl.rounds:
-        raise ValueError(
-            f"fl.checkpoint_rounds asks for round {max(fl.checkpoint_rounds)} but "
-            f"fl.rounds is {fl.rounds}; raise fl.rounds or drop that round"
+            f"checkpoint outputs {sorted(checkpoints)} do not match the rounds to save "
+            f"{list(rounds)}"
         )
     kind, where = settings["defense"]["kind"], f"defenses.{settings['defense_name']}"
     chosen = defense_settings(kind, method_settings(settings["defense"]), where)
@@ -64,13 +83,11 @@ def run(
         kind,
         method_settings(settings["defense"]),
         where=where,
-        update_lr=update_lr(settings["fl"]),
+        update_lr=step_lr,
         public=public,
     )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
-    progress = Progress.for_output(
-        summary_path, sha256_json([settings, ds.sha256, sha256_file(partition_path)])
-    )
+    progress = Progress.for_output(summary_path, sha256_json([settings, ds.sha256, partition_sha]))
     hashes: dict[str, str] = {}
 
     def save(rnd: int, m: nn.Module) -> None:
@@ -87,24 +104,22 @@ def run(
         # Evenly spaced validation images: the validation split is sorted by class, so a prefix
         # would test on a few classes only.
         n_val = len(ds.val_labels)
-        step = max(1, n_val // fl.eval_samples) if fl.eval_samples else 1
-        test_x, test_y = ds.val_batch(range(0, n_val, step)[: fl.eval_samples or None])
+        step = max(1, n_val // eval_samples) if eval_samples else 1
+        test_x, test_y = ds.val_batch(range(0, n_val, step)[: eval_samples or None])
         train_x = normalize(train_x, ds.mean, ds.std).to(device)
         test_x = normalize(test_x, ds.mean, ds.std).to(device)
         try:
-            history = train(
-                model,
-                train_x,
-                train_y.to(device),
-                parts,
-                test_x,
-                test_y.to(device),
-                defense,
-                fl,
-                seed=derive_seed(settings["seed"], "train", dataset, settings["defense_name"]),
-                on_checkpoint=save,
-                progress=progress,
-            )
+            seed = derive_seed(settings["seed"], "train", dataset, settings["defense_name"])
+            data = (train_x, train_y.to(device))
+            tests = (test_x, test_y.to(device))
+            if official:
+                history = train_official(
+                    model, *data, *tests, defense, loop, seed, save, progress=progress
+                )
+            else:
+                history = train(
+                    model, *data, parts, *tests, defense, fl, seed, save, progress=progress
+                )
         except TrainingDiverged as err:
             status, failure, history = "failed", str(err), err.history
             for rnd, path in checkpoints.items():
@@ -151,6 +166,7 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             "defense": settings["defense"],
             "model": settings["model"],
             "partition": settings["partition"],
+            "official_loop": settings.get("official_loop"),
         },
         metrics=final,
         history=history,

@@ -175,20 +175,30 @@ def curve_figure(
     y: str,
     y_label: str,
     title: str,
+    x_labels: Mapping[str, str] | None = None,
 ) -> None:
-    """``y`` against ``round``, one line per ``label`` (CENSOR Figs. 7 and 8)."""
+    """``y`` against ``round``, one line per ``label`` (CENSOR Figs. 7 and 8).
+
+    With a ``panel`` column, one panel per value side by side (sharing the y axis), its x axis
+    named by ``x_labels[panel]``; without one, a single panel over "FL round".
+    """
+    panels = list(dict.fromkeys(curves["panel"])) if "panel" in curves else [None]
     labels = list(dict.fromkeys(curves["label"]))
-    colors = sns.color_palette("colorblind", len(labels))
+    colors = dict(zip(labels, sns.color_palette("colorblind", len(labels)), strict=True))
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
-        fig = Figure(figsize=(5.0, 3.4))
-        ax = fig.subplots()
-        for color, label in zip(colors, labels, strict=True):
-            part = curves[(curves["label"] == label) & curves[y].notna()].sort_values("round")
-            ax.plot(part["round"], part[y], color=color, label=label)
-        ax.set_xlabel("FL round")
-        ax.set_ylabel(y_label)
-        ax.set_title(title, fontsize=9)
-        ax.legend(frameon=False)
+        fig = Figure(figsize=(5.0 * len(panels), 3.4))
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+        for ax, panel in zip(axes, panels, strict=True):
+            part = curves if panel is None else curves[curves["panel"] == panel]
+            for label in dict.fromkeys(part["label"]):
+                line = part[(part["label"] == label) & part[y].notna()].sort_values("round")
+                ax.plot(line["round"], line[y], color=colors[label], label=label)
+            ax.set_xlabel((x_labels or {}).get(panel, "FL round"))
+            if panel is not None:
+                ax.set_title(panel, fontsize=8)
+            ax.legend(frameon=False, fontsize=7)
+        axes[0].set_ylabel(y_label)
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         _save(fig, out_path)
 
