@@ -79,6 +79,38 @@ def test_no_attack_can_receive_the_private_batch(kind):
     assert list(params) == ["self", "server", "update", "generator", "device", "progress"]
 
 
+@pytest.mark.parametrize("kind", ATTACKS.available())
+def test_every_attack_matches_only_the_layers_it_is_told_to(kind):
+    """The "Ignore" attack: a layer left out of the match cannot spoil it, even when NaN."""
+    server, update = capture("cnn3", photo_patch(16)[None], torch.tensor([3]), known=True)
+    spoiled = {k: v.clone() for k, v in update.tensors.items()}
+    spoiled["7.weight"].fill_(float("nan"))  # the classifier of cnn3 (a Sequential)
+    update = SharedUpdate(spoiled, "gradient", update.meta)
+    threat = ThreatModel(labels="known")
+    base = {"iterations": 3, "restarts": 1}
+    with pytest.raises(AttackFailed):
+        build_attack(kind, base, threat, where="a").reconstruct(
+            server, update, torch.Generator().manual_seed(0)
+        )
+    ignoring = build_attack(kind, {**base, "ignore_layers": ["7.*"]}, threat, where="a")
+    result = ignoring.reconstruct(server, update, torch.Generator().manual_seed(0))
+    assert torch.isfinite(result.images).all()
+    model = ignoring.server_model(server)
+    assert [n for n, _ in ignoring.matched_parameters(model)] == [
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+        "4.weight",
+        "4.bias",
+    ]
+    only = build_attack(kind, {**base, "layers": ["0.*"]}, threat, where="a")
+    assert [n for n, _ in only.matched_parameters(model)] == ["0.weight", "0.bias"]
+    none = build_attack(kind, {**base, "layers": ["fc.*"]}, threat, where="a")
+    with pytest.raises(ValueError, match=r"match no parameter.*its parameters are: 0\.weight"):
+        none.matched_parameters(model)
+
+
 def test_inverting_gradients_reconstructs_a_tiny_case():
     """Undefended IG recovers a 16x16 photograph from a small CNN's gradient (> 25 dB)."""
     x = photo_patch(16)[None]
@@ -156,3 +188,48 @@ def test_non_finite_loss_fails_the_attack_loudly():
 def test_private_batch_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="private batch"):
         PrivateBatch(torch.rand(2, 3, 8, 8), torch.tensor([1]))
+
+
+TRANSFORMED = [
+    ("clipping", {"bound": 0.05, "scope": "global"}),
+    ("clipping", {"bound": 0.01, "scope": "per_layer"}),
+    ("sparsification", {"prune": 0.6, "rule": "top_k"}),
+    ("sparsification", {"prune": 0.6, "rule": "percentile"}),
+]
+
+
+@pytest.mark.parametrize("mode", ["configured", "estimated"])
+@pytest.mark.parametrize(("defense", "settings"), TRANSFORMED)
+def test_transform_aware_attacks_reproduce_the_defenses_own_transform(defense, settings, mode):
+    """On the victim's own gradient, the attacker's view of the defense gives the shared update."""
+    from gradinv.defenses import build_defense
+
+    x, y = photo_patch(16)[None], torch.tensor([2])
+    _server, update = capture("cnn3", x, y)
+    true = update.tensors
+    shared = build_defense(defense, settings, where="t").transform(true, torch.Generator())
+    if defense == "clipping":  # the clip must bind, or "estimated" has nothing to estimate
+        assert not torch.equal(shared["0.weight"], true["0.weight"])
+    meta = PublicMeta(**{**update.meta.__dict__, "defense_kind": defense})
+    meta = PublicMeta(**{**meta.__dict__, "defense_settings": settings, "defense": defense})
+    observed = SharedUpdate(shared, "gradient", meta)
+    for kind in ATTACKS.available():
+        attack = build_attack(kind, {"transform_aware": mode}, ThreatModel(), where="a")
+        names = list(true)
+        view = attack.dummy_transform(observed, names, [shared[n] for n in names])
+        for n, got in zip(names, view([true[n] for n in names]), strict=True):
+            torch.testing.assert_close(got, shared[n], rtol=1e-5, atol=1e-8)
+        assert attack.transform_note == f"{mode}: {defense}"
+
+
+def test_transform_aware_leaves_a_randomized_defense_to_eot():
+    _server, update = capture("cnn3", photo_patch(16)[None], torch.tensor([2]))
+    meta = PublicMeta(
+        **{**update.meta.__dict__, "defense_kind": "gaussian_noise", "defense_settings": {}}
+    )
+    attack = build_attack("dlg", {"transform_aware": "estimated"}, ThreatModel(), where="a")
+    names = list(update.tensors)
+    grads = [update.tensors[n] for n in names]
+    view = attack.dummy_transform(SharedUpdate(update.tensors, "gradient", meta), names, grads)
+    assert view(grads) is grads
+    assert "not deterministic" in attack.transform_note

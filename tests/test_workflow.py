@@ -82,7 +82,7 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
         for line in proc.stdout.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    assert counts["attack"] == 3 * 5 * 10  # datasets x defenses x victims
+    assert counts["attack"] == 3 * 5 * 2 * 10  # datasets x defenses x attacks x victims
     assert counts["train"] == 3 * 5
 
 
@@ -204,8 +204,9 @@ def test_tiny_end_to_end_run(tmp_path):
     assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi", "Censor"]
     for r in rows:
         assert r["dataset"] == "Patches"
-        assert int(r["IG PSNR↓ n"]) == 2 and int(r["IG PSNR↓ failed"]) == 0
-        assert 0 < float(r["IG PSNR↓ mean"]) < 60
+        for attack in ("IG", "GI"):
+            assert int(r[f"{attack} PSNR↓ n"]) == 2 and int(r[f"{attack} PSNR↓ failed"]) == 0
+            assert 0 < float(r[f"{attack} PSNR↓ mean"]) < 60
         assert 0 <= float(r["IG MSE↑ mean"]) <= 1
     md = (root / "results/table1.md").read_text()
     assert "SCALED-DOWN" in md and "This run: 2 victims" in md
@@ -225,7 +226,7 @@ def test_tiny_end_to_end_run(tmp_path):
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.kind' and r.lifecycle_stage = 'active' group by t.value"
         ).fetchall()
-    assert dict(runs) == {"train": 5, "attack": 10}
+    assert dict(runs) == {"train": 5, "attack": 20}  # 5 defenses x 2 victims x IG and GI
     # A second run has nothing to do: finished jobs are not recomputed.
     again = snakemake(
         "results/table1.csv", "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=root

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradinv.attacks.base import Attack, AttackFailed, AttackResult, ThreatModel
+from gradinv.attacks.base import Attack, AttackFailed, AttackResult, MatchSettings, ThreatModel
 from gradinv.registry import Registry
 from gradinv.settings import from_mapping
 
 ATTACKS: Registry[type[Attack]] = Registry("attack")
 
-from gradinv.attacks import inverting_gradients  # noqa: E402, F401
+from gradinv.attacks import (  # noqa: E402, F401
+    cpl,
+    dlg,
+    gradinversion,
+    idlg,
+    inverting_gradients,
+)
 
 
 def build_attack(kind: str, settings: dict[str, Any], threat: ThreatModel, where: str) -> Attack:
@@ -23,4 +29,12 @@ def build_attack(kind: str, settings: dict[str, Any], threat: ThreatModel, where
     return cls(from_mapping(cls.Settings, settings, where=where), threat)
 
 
-__all__ = ["ATTACKS", "Attack", "AttackFailed", "AttackResult", "ThreatModel", "build_attack"]
+__all__ = [
+    "ATTACKS",
+    "Attack",
+    "AttackFailed",
+    "AttackResult",
+    "MatchSettings",
+    "ThreatModel",
+    "build_attack",
+]

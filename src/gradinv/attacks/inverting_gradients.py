@@ -27,11 +27,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
-from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult
+from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
 from gradinv.attacks.eot import Combine, Projection, Scope, eot_distance
-from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import cosine_distance, target_gradients, total_variation
-from gradinv.models import classifier_layer
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -40,7 +38,7 @@ from gradinv.settings import bounded
 @ATTACKS.register("inverting_gradients")
 class InvertingGradients(Attack):
     @dataclass(frozen=True)
-    class Settings:
+    class Settings(MatchSettings):
         iterations: int = bounded(24_000, ge=1)
         lr: float = bounded(0.1, gt=0.0)
         tv: float = bounded(1e-4, ge=0.0, doc="weight of the total-variation prior")
@@ -67,7 +65,7 @@ class InvertingGradients(Attack):
     ) -> AttackResult:
         s, meta = self.settings, update.meta
         model = self.server_model(server, device)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = self.matched_parameters(model)
         params = [p for _, p in named]
         target = target_gradients(
             {k: v.to(device) for k, v in update.tensors.items()},
@@ -76,7 +74,8 @@ class InvertingGradients(Attack):
             meta.local_lr,
             meta.local_steps,
         )
-        labels = self._labels(model, update).to(device)
+        labels = self.private_labels(model, update).to(device)
+        defended = self.dummy_transform(update, [n for n, _ in named], target)
 
         shape = (meta.batch_size, *meta.image_shape)
         mean = torch.tensor(meta.mean, device=device).view(1, -1, 1, 1)
@@ -85,7 +84,7 @@ class InvertingGradients(Attack):
 
         def match_loss(x: torch.Tensor) -> torch.Tensor:
             loss = F.cross_entropy(model(x), labels)
-            dummy = torch.autograd.grad(loss, params, create_graph=True)
+            dummy = defended(list(torch.autograd.grad(loss, params, create_graph=True)))
             if s.eot_samples:
                 return eot_distance(
                     list(dummy),
@@ -172,18 +171,3 @@ class InvertingGradients(Attack):
             history=history,
             summary={"best_restart": best[1], "gradient_distance": best[0]},
         )
-
-    def _labels(self, model: torch.nn.Module, update: SharedUpdate) -> torch.Tensor:
-        meta = update.meta
-        if self.threat.labels == "known":
-            if meta.labels is None:
-                raise AttackFailed(
-                    "the threat model grants known labels, but the capture "
-                    "carries none; recapture with threat_model.labels: known"
-                )
-            return torch.tensor(meta.labels)
-        name, _ = classifier_layer(model)
-        grad = update.tensors[f"{name}.weight"]
-        if update.kind == "delta":
-            grad = -grad
-        return infer_labels(grad, meta.batch_size, self.threat.label_rule)

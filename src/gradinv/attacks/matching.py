@@ -25,6 +25,14 @@ def cosine_distance(
     return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
 
 
+def euclidean_distance(dummy: list[Tensor], target: list[Tensor]) -> Tensor:
+    """Sum over layers of the squared differences (DLG's ``grad_diff``; not square-rooted)."""
+    total = dummy[0].new_zeros(())
+    for d, t in zip(dummy, target, strict=True):
+        total = total + (d - t).pow(2).sum()
+    return total
+
+
 def cosine_distances(
     samples: list[Tensor], target: list[Tensor], nonzero_only: bool = False
 ) -> Tensor:

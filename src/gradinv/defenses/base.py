@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +61,19 @@ class Defense:
     ) -> Gradients:
         grads = gradients_of(model, inputs, labels, loss_fn)
         return self.transform(grads, generator)
+
+    def attacker_transform(
+        self, observed: Gradients, mode: Literal["configured", "estimated"]
+    ) -> Callable[[Gradients], Gradients] | None:
+        """The defense's deterministic transform, as an attacker applies it to a dummy gradient.
+
+        ``configured``: with the defense's own settings; ``estimated``: with what the observed
+        (shared) update reveals, such as its norm or its zeros. None when there is nothing
+        deterministic to apply (no defense, noise, CENSOR: those call for EOT, not this). Used by
+        the transform-aware attacks (``transform_aware`` in every attack's settings); the result
+        must stay differentiable in the dummy gradient.
+        """
+        return None
 
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
         """The shared gradients. ``generator`` is a CPU generator: draw random numbers on the CPU

@@ -6,6 +6,7 @@ code, bound 4); ``per_layer`` applies the bound to each parameter tensor separat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,6 +34,21 @@ class Clipping(Defense):
         bound: float = bounded(4.0, gt=0.0, doc="maximum L2 norm")
         scope: Literal["global", "per_layer"] = "global"
 
-    def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+    def transform(self, grads: Gradients, generator: torch.Generator | None) -> Gradients:
         clip = clip_global if self.settings.scope == "global" else clip_per_layer
         return clip(grads, self.settings.bound)
+
+    def attacker_transform(
+        self, observed: Gradients, mode: Literal["configured", "estimated"]
+    ) -> Callable[[Gradients], Gradients]:
+        """``estimated``: the bound is the observed norm (global, or each layer's), which equals
+        the configured bound wherever the clip was active, and is harmless where it was not."""
+        if mode == "configured":
+            return lambda grads: self.transform(grads, None)
+        if self.settings.scope == "global":
+            bound = float(torch.sqrt(sum(g.pow(2).sum() for g in observed.values())))
+            return lambda grads: clip_global(grads, bound)
+        bounds = {n: float(g.norm()) for n, g in observed.items()}
+        return lambda grads: {
+            n: g * torch.clamp(bounds[n] / (g.norm() + 1e-12), max=1.0) for n, g in grads.items()
+        }

@@ -9,6 +9,7 @@ roughly, not exactly, that fraction. The code's "compression 20" is ``prune: 0.2
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +45,16 @@ class Sparsification(Defense):
         prune: float = bounded(0.2, ge=0.0, le=1.0, doc="fraction of each tensor set to zero")
         rule: Literal["top_k", "percentile"] = "top_k"
 
-    def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+    def transform(self, grads: Gradients, generator: torch.Generator | None) -> Gradients:
         mask = top_k_mask if self.settings.rule == "top_k" else percentile_mask
         return {n: g * mask(g, self.settings.prune) for n, g in grads.items()}
+
+    def attacker_transform(
+        self, observed: Gradients, mode: Literal["configured", "estimated"]
+    ) -> Callable[[Gradients], Gradients]:
+        """``configured``: the defense's own mask, computed on the dummy gradient; ``estimated``:
+        the victim's mask, read from the observed zeros (the GGL and GIFD code's choice)."""
+        if mode == "configured":
+            return lambda grads: self.transform(grads, None)
+        masks = {n: g != 0 for n, g in observed.items()}
+        return lambda grads: {n: g * masks[n] for n, g in grads.items()}

@@ -52,7 +52,9 @@ def run(
         "victim": victim,
         "status": rec["status"],
         "failure": rec["failure"],
-        "threat_model": settings["threat_model"],
+        # What the attacker knew: the threat model, and the layers whose gradients it matched.
+        "threat_model": settings["threat_model"]
+        | {k: rec.get("summary", {}).get(k) for k in ("matched_layers", "transform_aware")},
         "attack_seconds": rec["seconds"],
         **record(settings, secret["data_sha256"]),
     }
