@@ -14,6 +14,7 @@ from gradinv.defenses import gradients_of
 from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate, normalize
+from interrupt import Interrupted, StopAfter
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -158,24 +159,6 @@ def test_the_same_seed_gives_the_same_reconstruction():
     other = run(server, update, seed=4, iterations=30, **FAST)
     assert torch.equal(first.images, again.images) and first.history == again.history
     assert not torch.equal(first.images, other.images)
-
-
-class Interrupted(Exception):
-    pass
-
-
-class StopAfter(Progress):
-    """Saves after every step and 'kills' the attack at the given save."""
-
-    def __init__(self, folder, saves):
-        super().__init__(folder, fingerprint="f", every=0)
-        self.left = saves
-
-    def save(self, state, name="state"):
-        super().save(state, name)
-        self.left -= 1
-        if self.left == 0:
-            raise Interrupted
 
 
 # Before the group mean exists, after refreshes, and after the last step (Langevin noise on).

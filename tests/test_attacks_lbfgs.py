@@ -11,6 +11,7 @@ from gradinv.attacks import AttackFailed, ThreatModel, build_attack
 from gradinv.attacks.dlg import initial_images
 from gradinv.progress import Progress
 from gradinv.protocol import PublicMeta, SharedUpdate
+from interrupt import Interrupted, StopAfter
 from test_attacks import capture, photo_patch, psnr
 
 KINDS = ["dlg", "idlg", "cpl"]
@@ -120,24 +121,6 @@ def test_the_same_seed_gives_the_same_reconstruction(kind):
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     assert a.history == b.history and a.summary == b.summary
     assert not torch.equal(a.images, c.images)
-
-
-class Interrupted(Exception):
-    pass
-
-
-class StopAfter(Progress):
-    """Saves after every step and 'kills' the attack at the given save."""
-
-    def __init__(self, folder, saves):
-        super().__init__(folder, fingerprint="f", every=0)
-        self.left = saves
-
-    def save(self, state, name="state"):
-        super().save(state, name)
-        self.left -= 1
-        if self.left == 0:
-            raise Interrupted
 
 
 # In the first restart, and in the second (which must start from the same random draws).

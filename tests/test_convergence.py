@@ -21,6 +21,7 @@ from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec
 from gradinv.stages.convergence import run
+from interrupt import Interrupted, StopAfter
 
 CONV = {
     "title": "CENSOR (NDSS 2025) Figures 7-8 and Table VI: convergence",
@@ -158,20 +159,6 @@ LOOP = OfficialLoop(
 )
 
 
-class StopAfter(Progress):
-    """Saves after every epoch and stops the run after ``saves`` saves, like a killed job."""
-
-    def __init__(self, folder: Path, saves: int) -> None:
-        super().__init__(folder, fingerprint="f", every=0)
-        self.left = saves
-
-    def save(self, state, name="state"):
-        super().save(state, name)
-        self.left -= 1
-        if self.left == 0:
-            raise KeyboardInterrupt
-
-
 def _official(defense, progress=None):
     spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
     g = torch.Generator().manual_seed(1)
@@ -194,7 +181,7 @@ def test_official_loop_defends_only_its_first_epochs_and_resumes_bit_for_bit(tmp
     assert list(final) == [LOOP.epochs] and all("test_accuracy" in h for h in history)
     # The central epochs train on raw gradients: the loss falls although the defense is on.
     assert history[-1]["train_loss"] < history[1]["train_loss"]
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):
         _official(
             build_defense("censor", {"trials": 3}, where="test", update_lr=1e-3),
             StopAfter(tmp_path / "p", saves=2),

@@ -13,6 +13,7 @@ from gradinv.defenses import build_defense
 from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, SharedUpdate, denormalize, normalize
+from interrupt import Interrupted, StopAfter
 from test_attacks import MEAN, STD, capture, photo_patch
 
 COMBINES = ["average-gradient", "average-loss", "best-sample"]
@@ -196,24 +197,6 @@ def test_the_same_seed_gives_the_same_eot_attack_and_another_seed_another():
     assert torch.equal(a.images, b.images)
     assert a.history == b.history and a.summary == b.summary
     assert not torch.equal(a.images, c.images)
-
-
-class Interrupted(Exception):
-    pass
-
-
-class StopAfter(Progress):
-    """Saves after every step and 'kills' the attack at the given save."""
-
-    def __init__(self, folder, saves):
-        super().__init__(folder, fingerprint="f", every=0)
-        self.left = saves
-
-    def save(self, state, name="state"):
-        super().save(state, name)
-        self.left -= 1
-        if self.left == 0:
-            raise Interrupted
 
 
 @pytest.mark.parametrize("saves", [3, 8])  # in the first restart, and in the second

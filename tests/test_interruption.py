@@ -23,28 +23,10 @@ from gradinv.models import build_model
 from gradinv.pipeline import finished_outputs
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate
+from interrupt import Interrupted, StopAfter
 from test_workflow import SNAKEMAKE, run_target, workflow_copy
 
 MICRO = "tests/configs/micro.yaml"
-
-
-class Interrupted(Exception):
-    pass
-
-
-class StopAfter(Progress):
-    """Progress that saves every step and 'kills' the job after ``saves`` saves."""
-
-    def __init__(self, folder: Path, saves: int) -> None:
-        super().__init__(folder, fingerprint="f", every=0)
-        self.left = saves
-
-    def save(self, state, name="state"):
-        super().save(state, name)
-        if name == "state":
-            self.left -= 1
-            if self.left == 0:
-                raise Interrupted
 
 
 def _fl_case():

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from gradinv.attacks.labels import infer_labels
+from gradinv.attacks.matching import target_gradients
 from gradinv.models import build_model, classifier_layer
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
@@ -83,7 +84,9 @@ class Attack:
     def __init__(self, settings: Any, threat: ThreatModel) -> None:
         self.settings = settings
         self.threat = threat
-        self.transform_note = "off"  # set by dummy_transform: what transform_aware applied
+        # Recorded with each result: set by matched_parameters and dummy_transform.
+        self.matched_names: list[str] = []
+        self.transform_note = "off"
 
     def reconstruct(
         self,
@@ -112,7 +115,24 @@ class Attack:
                 f"layers {list(s.layers)} less ignore_layers {list(s.ignore_layers)} match no "
                 f"parameter of the model; its parameters are: {names}"
             )
+        self.matched_names = [n for n, _ in named]
         return named
+
+    def match_target(
+        self, server: ServerMessage, update: SharedUpdate, device: torch.device = CPU
+    ) -> tuple[nn.Module, list[tuple[str, nn.Parameter]], list[Tensor]]:
+        """What every attack starts from: the attacker's model, the parameters it matches and
+        the shared update as a gradient of those parameters, on ``device``."""
+        model = self.server_model(server, device)
+        named = self.matched_parameters(model)
+        target = target_gradients(
+            {k: v.to(device) for k, v in update.tensors.items()},
+            [n for n, _ in named],
+            update.kind,
+            update.meta.local_lr,
+            update.meta.local_steps,
+        )
+        return model, named, target
 
     def dummy_transform(
         self, update: SharedUpdate, names: list[str], target: list[Tensor]

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
-from gradinv.attacks.matching import euclidean_distance, target_gradients
+from gradinv.attacks.matching import euclidean_distance
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -116,16 +116,8 @@ class DLG(Attack):
         progress: Progress | None = None,
     ) -> AttackResult:
         s, meta = self.settings, update.meta
-        model = self.server_model(server, device)
-        named = self.matched_parameters(model)
+        model, named, target = self.match_target(server, update, device)
         params = [p for _, p in named]
-        target = target_gradients(
-            {k: v.to(device) for k, v in update.tensors.items()},
-            [n for n, _ in named],
-            update.kind,
-            meta.local_lr,
-            meta.local_steps,
-        )
         fixed = self._labels(model, update)
         defended = self.dummy_transform(update, [n for n, _ in named], target)
         labels = None if fixed is None else fixed.to(device)

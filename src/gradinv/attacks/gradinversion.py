@@ -76,7 +76,7 @@ from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
-from gradinv.attacks.matching import target_gradients, total_variation
+from gradinv.attacks.matching import total_variation
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -120,15 +120,7 @@ class GradInversion(Attack):
         progress: Progress | None = None,
     ) -> AttackResult:
         s, meta = self.settings, update.meta
-        model = self.server_model(server, device)
-        named = self.matched_parameters(model)
-        target = target_gradients(
-            {k: v.to(device) for k, v in update.tensors.items()},
-            [n for n, _ in named],
-            update.kind,
-            meta.local_lr,
-            meta.local_steps,
-        )
+        model, named, target = self.match_target(server, update, device)
         labels = self.private_labels(model, update).to(device)
         batch_norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if s.bn_prior > 0 and not batch_norms:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
 from gradinv.attacks.eot import Combine, Projection, Scope, eot_distance
-from gradinv.attacks.matching import cosine_distance, target_gradients, total_variation
+from gradinv.attacks.matching import cosine_distance, total_variation
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -64,16 +64,8 @@ class InvertingGradients(Attack):
         progress: Progress | None = None,
     ) -> AttackResult:
         s, meta = self.settings, update.meta
-        model = self.server_model(server, device)
-        named = self.matched_parameters(model)
+        model, named, target = self.match_target(server, update, device)
         params = [p for _, p in named]
-        target = target_gradients(
-            {k: v.to(device) for k, v in update.tensors.items()},
-            [n for n, _ in named],
-            update.kind,
-            meta.local_lr,
-            meta.local_steps,
-        )
         labels = self.private_labels(model, update).to(device)
         defended = self.dummy_transform(update, [n for n, _ in named], target)
 

@@ -23,8 +23,10 @@ def clip_global(grads: Gradients, bound: float) -> Gradients:
     return {n: g * scale for n, g in grads.items()}
 
 
-def clip_per_layer(grads: Gradients, bound: float) -> Gradients:
-    return {n: g * torch.clamp(bound / (g.norm() + 1e-12), max=1.0) for n, g in grads.items()}
+def clip_per_layer(grads: Gradients, bound: float | dict[str, float]) -> Gradients:
+    """Each tensor to at most ``bound``, or to its own bound ``bound[name]``."""
+    bounds = bound if isinstance(bound, dict) else dict.fromkeys(grads, bound)
+    return {n: g * torch.clamp(bounds[n] / (g.norm() + 1e-12), max=1.0) for n, g in grads.items()}
 
 
 @DEFENSES.register("clipping")
@@ -49,6 +51,4 @@ class Clipping(Defense):
             bound = float(torch.sqrt(sum(g.pow(2).sum() for g in observed.values())))
             return lambda grads: clip_global(grads, bound)
         bounds = {n: float(g.norm()) for n, g in observed.items()}
-        return lambda grads: {
-            n: g * torch.clamp(bounds[n] / (g.norm() + 1e-12), max=1.0) for n, g in grads.items()
-        }
+        return lambda grads: clip_per_layer(grads, bounds)

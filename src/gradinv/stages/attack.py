@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gradinv.attacks import Attack, AttackFailed, ThreatModel, build_attack
+from gradinv.attacks import AttackFailed, ThreatModel, build_attack
 from gradinv.config import method_settings
 from gradinv.io import load_tensors, save_tensors, sha256_file, sha256_json
 from gradinv.progress import Progress
@@ -48,7 +48,7 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
             # The threat model's last part: which layers' gradients the attack matched.
             "summary": rec.summary
             | {
-                "matched_layers": _matched(attack, server),
+                "matched_layers": attack.matched_names,
                 "transform_aware": attack.transform_note,
             },
         }
@@ -58,7 +58,3 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
     result["seconds"] = round(time.perf_counter() - started, 2)
     save_tensors(out, result)
     progress.finish()
-
-
-def _matched(attack: Attack, server: ServerMessage) -> list[str]:
-    return [name for name, _ in attack.matched_parameters(attack.server_model(server))]
