@@ -1,18 +1,19 @@
-"""The EOT adaptive attack on CENSOR (Table III) as settings of Inverting Gradients: off by
-default and then unchanged; its transform is CENSOR's (orthogonal, norm-matched, differentiable);
-each combine mode means what it says and runs against a CENSOR update; seeded and resumable."""
+"""The EOT adaptive attack (CENSOR's Table III), a setting of every attack: off by default and
+then unchanged; its samples are the capture's defense as configured (CENSOR: orthogonal,
+norm-matched, differentiable; noise: g + std·N); each combine mode means what it says and runs
+against a CENSOR update; a deterministic defense leaves nothing to sample; seeded and resumable."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gradinv.attacks import ThreatModel, build_attack
-from gradinv.attacks.eot import censor_samples, eot_distance
+from gradinv.attacks import ATTACKS, ThreatModel, build_attack
+from gradinv.attacks.eot import eot_distance
 from gradinv.attacks.matching import cosine_distance, cosine_distances, total_variation
 from gradinv.defenses import build_defense
 from gradinv.models import build_model
 from gradinv.progress import Progress
-from gradinv.protocol import ModelSpec, SharedUpdate, denormalize, normalize
+from gradinv.protocol import ModelSpec, PublicMeta, SharedUpdate, denormalize, normalize
 from interrupt import Interrupted, StopAfter
 from test_attacks import MEAN, STD, capture, photo_patch
 
@@ -26,11 +27,30 @@ def censored_case(**censor):
     model = build_model(server.model)
     model.load_state_dict(server.state)
     model.eval()
-    defense = build_defense("censor", {"trials": 4, **censor}, "test", update_lr=0.1)
+    settings = {"trials": 4, **censor}
+    defense = build_defense("censor", settings, "test", update_lr=0.1)
     shared = defense.shared_update(
         model, normalize(x, MEAN, STD), y, F.cross_entropy, torch.Generator().manual_seed(9)
     )
-    return server, SharedUpdate({k: v.detach() for k, v in shared.items()}, "gradient", update.meta)
+    return server, SharedUpdate(
+        {k: v.detach() for k, v in shared.items()},
+        "gradient",
+        defended(update.meta, "censor", settings),
+    )
+
+
+def defended(meta, kind, settings):
+    """The capture's public metadata, saying which defense the client ran and how."""
+    return PublicMeta(
+        **{**meta.__dict__, "defense": kind, "defense_kind": kind, "defense_settings": settings}
+    )
+
+
+def censor_samples(grads, n, generator, projection="exact", scope="layer-wise"):
+    """n samples of CENSOR's transform of ``grads`` (a list), as the EOT attacker draws them."""
+    censor = build_defense("censor", {"projection": projection, "scope": scope}, "test")
+    drawn = censor.attacker_samples({str(i): g for i, g in enumerate(grads)}, n, generator)
+    return [drawn[str(i)] for i in range(len(grads))]
 
 
 def attack(settings, server, update, seed=0, progress=None):
@@ -148,10 +168,7 @@ def test_each_combine_mode_is_what_it_says():
         "average-loss": each.mean(),
         "best-sample": each.min(),
     }
-    got = {
-        c: eot_distance(dummy, target, 5, torch.Generator().manual_seed(3), combine=c)
-        for c in COMBINES
-    }
+    got = {c: eot_distance(samples, target, cosine_distances, c) for c in COMBINES}
     for c in COMBINES:
         torch.testing.assert_close(got[c], expected[c])
     assert len({round(float(v), 6) for v in got.values()}) == 3
@@ -181,12 +198,68 @@ def test_the_combine_modes_reconstruct_differently():
 
 
 @pytest.mark.parametrize("projection,scope", [("as-coded", "layer-wise"), ("exact", "whole-model")])
-def test_the_attacker_can_match_censors_configuration(projection, scope):
+def test_the_attacker_samples_censor_as_the_capture_says_it_ran(projection, scope):
     server, update = censored_case(projection=projection, scope=scope)
-    settings = {"iterations": 4, "restarts": 1, "eot_samples": 2}
-    matched = attack({**settings, "eot_projection": projection, "eot_scope": scope}, server, update)
-    assert torch.isfinite(matched.images).all()
-    assert not torch.equal(matched.images, attack(settings, server, update).images)
+    a = build_attack("inverting_gradients", {"eot_samples": 3}, ThreatModel(), where="a")
+    names = list(update.tensors)
+    grads = [update.tensors[n] for n in names]
+    match = a.gradient_match(update, names, grads, cosine_distances)
+    assert a.eot_note == "3 samples of censor, average-gradient"
+    got = match.samples(grads, torch.Generator().manual_seed(4))
+    expected = censor_samples(grads, 3, torch.Generator().manual_seed(4), projection, scope)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    other = "exact" if projection == "as-coded" else "as-coded"
+    assert not torch.equal(
+        got[1], censor_samples(grads, 3, torch.Generator().manual_seed(4), other, scope)[1]
+    )
+    result = attack({"iterations": 4, "restarts": 1, "eot_samples": 2}, server, update)
+    assert torch.isfinite(result.images).all()
+
+
+def test_eot_against_gaussian_noise_samples_the_noise_it_was_configured_with():
+    x, y = photo_patch(16)[None], torch.tensor([2])
+    _server, update = capture("cnn3", x, y, known=True)
+    meta = defended(update.meta, "gaussian_noise", {"std": 0.5})
+    noisy = SharedUpdate(update.tensors, "gradient", meta)
+    a = build_attack("inverting_gradients", {"eot_samples": 200}, ThreatModel(), where="a")
+    names = list(update.tensors)
+    grads = [update.tensors[n].clone() for n in names]
+    drawn = a.gradient_match(noisy, names, grads, cosine_distances).samples(
+        grads, torch.Generator()
+    )
+    for g, d in zip(grads, drawn, strict=True):
+        assert d.shape == (200, *g.shape)
+        assert float((d - g).std()) == pytest.approx(0.5, rel=0.1)
+    assert a.eot_note == "200 samples of gaussian_noise, average-gradient"
+
+
+def test_eot_against_a_deterministic_defense_is_the_attack_without_it():
+    server, update = capture("cnn3", photo_patch(16)[None], torch.tensor([2]), known=True)
+    clipped = SharedUpdate(
+        update.tensors, "gradient", defended(update.meta, "clipping", {"bound": 4.0})
+    )
+    a = build_attack(
+        "inverting_gradients",
+        {"iterations": 5, "restarts": 1, "eot_samples": 4},
+        ThreatModel(labels="known"),
+        where="a",
+    )
+    with_eot = a.reconstruct(server, clipped, torch.Generator().manual_seed(0))
+    assert a.eot_note == "none, clipping is not randomized"
+    assert torch.equal(
+        with_eot.images, attack({"iterations": 5, "restarts": 1}, server, clipped).images
+    )
+
+
+@pytest.mark.parametrize("kind", ATTACKS.available())
+def test_every_attack_can_run_eot_against_censor(kind):
+    server, update = censored_case()
+    settings = {"iterations": 2, "restarts": 1, "eot_samples": 2, "eot_combine": "average-loss"}
+    a = build_attack(kind, settings, ThreatModel(labels="known"), where="a")
+    result = a.reconstruct(server, update, torch.Generator().manual_seed(0))
+    assert torch.isfinite(result.images).all()
+    assert a.eot_note == "2 samples of censor, average-loss"
 
 
 def test_the_same_seed_gives_the_same_eot_attack_and_another_seed_another():
@@ -199,7 +272,7 @@ def test_the_same_seed_gives_the_same_eot_attack_and_another_seed_another():
     assert not torch.equal(a.images, c.images)
 
 
-@pytest.mark.parametrize("saves", [3, 8])  # in the first restart, and in the second
+@pytest.mark.parametrize("saves", [2, 5])  # midway, and after the last step
 def test_an_interrupted_eot_attack_resumes_to_the_same_reconstruction(tmp_path, saves):
     server, update = censored_case()
     settings = {"iterations": 5, "restarts": 2, "eot_samples": 2}

@@ -126,9 +126,8 @@ def _attack(progress):
     return attack.reconstruct(server, update, torch.Generator().manual_seed(5), progress=progress)
 
 
-# In the first restart, at its last step, and in the second restart (the third one must then
-# start from the same random images as without the interruption).
-@pytest.mark.parametrize("saves", [10, 40, 55])
+# After the first step, midway (the restarts run together) and after the last step.
+@pytest.mark.parametrize("saves", [1, 20, 40])
 def test_attack_resumes_to_the_same_reconstruction(tmp_path, saves):
     expected = _attack(None)
     with pytest.raises(Interrupted):

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
+from gradinv.attacks.eot import Combine, Distances, eot_distance
 from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import target_gradients
-from gradinv.models import build_model, classifier_layer
+from gradinv.models import build_model, classifier_layer, stochastic_parameters
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
+from gradinv.settings import bounded
 
 CPU = torch.device("cpu")
 
@@ -45,9 +50,14 @@ class MatchSettings:
     """Settings every attack shares: which layers' gradients it matches, and how.
 
     ``layers``: glob patterns (``fnmatch``) of the parameter names to match, ``*`` for all;
-    ``ignore_layers``: patterns dropped from those. Ignoring layers is the adaptive attack of the
-    CVB paper against PRECODE and CVB (drop the stochastic bottleneck's layers); matching fewer
-    layers is also cheaper. The names matched are recorded with every result.
+    ``ignore_layers``: patterns dropped from those. Ignoring layers is the "Ignore" attack of the
+    CVB paper (Section III-B) against PRECODE and CVB: leave out the gradients of the variational
+    bottleneck's decoder and of every later layer, whose gradients the random draw makes
+    stochastic. The pattern ``@stochastic`` names exactly those, for any architecture: the
+    parameters of every layer whose input changes between two forward passes of the same image
+    (:func:`gradinv.models.stochastic_parameters`); the server can find them, as it knows the
+    architecture. Matching fewer layers is also cheaper. The names matched are recorded with
+    every result.
 
     ``transform_aware``: the attacker passes its dummy gradient through the defense's
     deterministic transform before comparing it with the shared update, as the GGL and GIFD code
@@ -56,11 +66,55 @@ class MatchSettings:
     reveals (its norm, its zeros). A defense with nothing deterministic to apply (noise, CENSOR)
     is matched as is, and the result says so; EOT is the adaptive attack against those. With a
     subset of ``layers``, a transform over the whole model (global clipping) sees only those.
+
+    ``eot_samples`` > 0: Expectation over Transformation against a randomized defense (CENSOR's
+    Table III): the dummy gradient is compared through that many samples of the defense's random
+    transformation, as configured, combined by ``eot_combine`` (:mod:`gradinv.attacks.eot`).
     """
 
     layers: tuple[str, ...] = ("*",)
     ignore_layers: tuple[str, ...] = ()
     transform_aware: Literal["off", "configured", "estimated"] = "off"
+    eot_samples: int = bounded(
+        0, ge=0, doc="EOT: samples of a randomized defense's transform per iteration; 0 = off"
+    )
+    eot_combine: Combine = "average-gradient"
+
+
+STOCHASTIC = "@stochastic"  # the layer pattern of the "Ignore" attack (MatchSettings)
+
+
+@dataclass
+class GradientMatch:
+    """How an attack compares its dummy gradients with the shared update: through the defense's
+    deterministic transform (``transform_aware``), through samples of its random transformation
+    (EOT), by the attack's own distance. Call it with R stacked gradients (per layer
+    (R, *shape)) to get R distances."""
+
+    target: list[Tensor]
+    distances: Distances
+    transform: Callable[[list[Tensor]], list[Tensor]] | None = None
+    samples: Callable[[list[Tensor], torch.Generator], list[Tensor]] | None = None
+    combine: Combine = "average-gradient"
+
+    def __call__(self, grads: list[Tensor], generator: torch.Generator) -> Tensor:
+        if self.transform is None and self.samples is None:
+            return self.distances(grads, self.target)
+        out = []
+        for r in range(grads[0].shape[0]):  # a defense's transform sees one gradient
+            g = [layer[r] for layer in grads]
+            if self.transform is not None:
+                g = self.transform(g)
+            if self.samples is None:
+                out.append(self.distances([layer[None] for layer in g], self.target)[0])
+            else:
+                drawn = self.samples(g, generator)
+                out.append(eot_distance(drawn, self.target, self.distances, self.combine))
+        return torch.stack(out)
+
+    def one(self, grads: list[Tensor], generator: torch.Generator) -> Tensor:
+        """The distance of a single (unstacked) gradient."""
+        return self([g[None] for g in grads], generator)[0]
 
 
 @dataclass
@@ -84,9 +138,13 @@ class Attack:
     def __init__(self, settings: Any, threat: ThreatModel) -> None:
         self.settings = settings
         self.threat = threat
-        # Recorded with each result: set by matched_parameters and dummy_transform.
+        # Recorded with each result (the threat model as it ran): set by matched_parameters,
+        # gradient_match and private_labels; speed by iterations.
         self.matched_names: list[str] = []
         self.transform_note = "off"
+        self.eot_note = "off"
+        self.label_note = ""
+        self.speed: dict[str, float] = {}
 
     def reconstruct(
         self,
@@ -99,15 +157,29 @@ class Attack:
     ) -> AttackResult:
         raise NotImplementedError
 
-    def matched_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The trainable parameters whose gradients the attack matches, in model order."""
+    def matched_parameters(
+        self, model: nn.Module, image_shape: tuple[int, ...] | None = None
+    ) -> list[tuple[str, nn.Parameter]]:
+        """The trainable parameters whose gradients the attack matches, in model order.
+
+        ``image_shape`` (C, H, W) is needed to resolve ``@stochastic``."""
         s = self.settings
+        stochastic: set[str] = set()
+        if STOCHASTIC in (*s.layers, *s.ignore_layers):
+            if image_shape is None:
+                raise ValueError(f"{STOCHASTIC} needs the image shape to probe the model")
+            stochastic = stochastic_parameters(model, image_shape)
+
+        def matches(name: str, patterns: tuple[str, ...]) -> bool:
+            return any(
+                name in stochastic if pat == STOCHASTIC else fnmatchcase(name, pat)
+                for pat in patterns
+            )
+
         named = [
             (n, p)
             for n, p in model.named_parameters()
-            if p.requires_grad
-            and any(fnmatchcase(n, pat) for pat in s.layers)
-            and not any(fnmatchcase(n, pat) for pat in s.ignore_layers)
+            if p.requires_grad and matches(n, s.layers) and not matches(n, s.ignore_layers)
         ]
         if not named:
             names = ", ".join(n for n, _ in model.named_parameters())
@@ -124,7 +196,7 @@ class Attack:
         """What every attack starts from: the attacker's model, the parameters it matches and
         the shared update as a gradient of those parameters, on ``device``."""
         model = self.server_model(server, device)
-        named = self.matched_parameters(model)
+        named = self.matched_parameters(model, update.meta.image_shape)
         target = target_gradients(
             {k: v.to(device) for k, v in update.tensors.items()},
             [n for n, _ in named],
@@ -134,37 +206,76 @@ class Attack:
         )
         return model, named, target
 
-    def dummy_transform(
-        self, update: SharedUpdate, names: list[str], target: list[Tensor]
-    ) -> Callable[[list[Tensor]], list[Tensor]]:
-        """What the attack applies to its dummy gradient (layers ``names``) before matching it
-        against ``target``: the identity, or the defense's transform (``transform_aware``)."""
-        mode, meta = self.settings.transform_aware, update.meta
-        self.transform_note = "off"
-        if mode == "off":
-            return lambda grads: grads
+    def gradient_match(
+        self, update: SharedUpdate, names: list[str], target: list[Tensor], distances: Distances
+    ) -> GradientMatch:
+        """How this attack compares dummy gradients (layers ``names``) with ``target``: by
+        ``distances``, through the defense's transform (``transform_aware``) and samples of its
+        randomness (``eot_samples``) where the settings ask for them and the defense has them."""
+        s, meta = self.settings, update.meta
+        match = GradientMatch(target, distances, combine=s.eot_combine)
+        self.transform_note = self.eot_note = "off"
+        if s.transform_aware == "off" and s.eot_samples == 0:
+            return match
         from gradinv.defenses import build_defense
 
         defense = build_defense(
             meta.defense_kind, meta.defense_settings, where=f"the capture's defense {meta.defense}"
         )
-        view = defense.attacker_transform(dict(zip(names, target, strict=True)), mode)
-        if view is None:
-            self.transform_note = f"{mode}: none, {meta.defense_kind} is not deterministic"
-            return lambda grads: grads
-        self.transform_note = f"{mode}: {meta.defense_kind}"
+        if s.transform_aware != "off":
+            mode = s.transform_aware
+            view = defense.attacker_transform(dict(zip(names, target, strict=True)), mode)
+            if view is None:
+                self.transform_note = f"{mode}: none, {meta.defense_kind} is not deterministic"
+            else:
+                self.transform_note = f"{mode}: {meta.defense_kind}"
 
-        def apply(grads: list[Tensor]) -> list[Tensor]:
-            out = view(dict(zip(names, grads, strict=True)))
-            return [out[n] for n in names]
+                def transform(grads: list[Tensor]) -> list[Tensor]:
+                    out = view(dict(zip(names, grads, strict=True)))
+                    return [out[n] for n in names]
 
-        return apply
+                match.transform = transform
+        if s.eot_samples > 0:
+            if not defense.randomized:
+                self.eot_note = f"none, {meta.defense_kind} is not randomized"
+            else:
+                self.eot_note = f"{s.eot_samples} samples of {meta.defense_kind}, {s.eot_combine}"
+
+                def samples(grads: list[Tensor], generator: torch.Generator) -> list[Tensor]:
+                    drawn = defense.attacker_samples(
+                        dict(zip(names, grads, strict=True)), s.eot_samples, generator
+                    )
+                    return [drawn[n] for n in names]
+
+                match.samples = samples
+        return match
+
+    def iterations(self, desc: str, start: int, stop: int) -> Iterator[int]:
+        """The attack's loop counter, with a progress bar; when the loop ends, its speed goes to
+        the log and to ``self.speed`` (iterations and seconds summed over all loops of a run)."""
+        began = time.perf_counter()
+        done = 0
+        for it in tqdm(range(start, stop), desc=desc, mininterval=5.0, leave=False):
+            yield it
+            done += 1
+        seconds = time.perf_counter() - began
+        total = self.speed.get("iterations", 0) + done
+        elapsed = self.speed.get("seconds", 0.0) + seconds
+        rate = total / elapsed if elapsed > 0 else 0.0
+        self.speed = {"iterations": total, "seconds": round(elapsed, 3), "per_second": rate}
+        print(
+            f"gradinv: {desc}: {done} iterations in {seconds:.1f} s "
+            f"({done / seconds if seconds > 0 else 0.0:.2f} it/s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def private_labels(self, model: nn.Module, update: SharedUpdate) -> Tensor:
         """The victim's labels: given, where the threat model grants them, else inferred from
         the last layer's gradient by ``threat.label_rule`` (a FedAvg delta is a negative step)."""
         meta = update.meta
         if self.threat.labels == "known":
+            self.label_note = "known"
             if meta.labels is None:
                 raise AttackFailed(
                     "the threat model grants known labels, but the capture carries none; "
@@ -175,7 +286,11 @@ class Attack:
         grad = update.tensors[f"{name}.weight"]
         if update.kind == "delta":
             grad = -grad
-        return infer_labels(grad, meta.batch_size, self.threat.label_rule)
+        rule = self.threat.label_rule
+        if rule == "auto":
+            rule = "idlg" if meta.batch_size == 1 else "yin"
+        self.label_note = f"inferred: {rule}"
+        return infer_labels(grad, meta.batch_size, rule)
 
     def server_model(self, server: ServerMessage, device: torch.device = CPU) -> nn.Module:
         """The attacker's copy of the global model on ``device``, in the victim's mode."""

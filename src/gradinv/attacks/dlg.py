@@ -33,11 +33,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
-from gradinv.attacks.matching import euclidean_distance
+from gradinv.attacks.matching import euclidean_distances
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -119,8 +118,10 @@ class DLG(Attack):
         model, named, target = self.match_target(server, update, device)
         params = [p for _, p in named]
         fixed = self._labels(model, update)
-        defended = self.dummy_transform(update, [n for n, _ in named], target)
+        match = self.gradient_match(update, [n for n, _ in named], target, euclidean_distances)
         labels = None if fixed is None else fixed.to(device)
+        if labels is None:
+            self.label_note = "joint: soft labels optimized with the images (DLG)"
 
         def objective(x: Tensor, soft: Tensor | None, graph: bool) -> tuple[Tensor, Tensor]:
             """(gradient distance, regulariser) at the dummies ``x`` and soft labels ``soft``."""
@@ -129,9 +130,9 @@ class DLG(Attack):
                 loss = F.cross_entropy(logits, labels)
             else:  # DLG's soft-label cross-entropy
                 loss = torch.sum(-F.softmax(soft, -1) * F.log_softmax(logits, -1), -1).mean()
-            dummy = defended(list(torch.autograd.grad(loss, params, create_graph=graph)))
+            dummy = torch.autograd.grad(loss, params, create_graph=graph)
             reg = self._regularizer(logits, labels) if graph else logits.new_zeros(())
-            return euclidean_distance(list(dummy), target), reg
+            return match.one(list(dummy), generator), reg
 
         best: tuple[float, int, Tensor, Tensor] | None = None
         history: dict[str, list[tuple[int, float]]] = {}
@@ -168,13 +169,8 @@ class DLG(Attack):
 
             closure = _closure(opt, variables, partial(objective, x, soft, True))
             curve = history.setdefault(f"loss_restart{restart}", [])
-            bar = tqdm(
-                range(start, s.iterations),
-                desc=f"{self.name} restart {restart + 1}/{s.restarts}",
-                mininterval=5.0,
-                leave=False,
-            )
-            for it in bar:
+            desc = f"{self.name} restart {restart + 1}/{s.restarts}"
+            for it in self.iterations(desc, start, s.iterations):
                 try:
                     loss = float(opt.step(closure))
                 except _NonFinite:
@@ -210,7 +206,13 @@ class DLG(Attack):
             images=images,
             labels=best[3],
             history=history,
-            summary={"best_restart": best[1], "gradient_distance": best[0]},
+            summary={
+                "best_restart": best[1],
+                "gradient_distance": best[0],
+                # L-BFGS couples whatever it optimizes (one curvature history, one step size):
+                # stacking restarts would change the algorithm, so they run one after another
+                "restarts_layout": "sequential",
+            },
         )
 
     def _labels(self, model: nn.Module, update: SharedUpdate) -> Tensor | None:

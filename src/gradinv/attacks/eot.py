@@ -1,6 +1,6 @@
-"""Expectation over Transformation against CENSOR: the adaptive attack of CENSOR's Table III.
+"""Expectation over Transformation (EOT): the adaptive attack against a randomized defense.
 
-EOT (Athalye et al. 2018, arXiv:1707.07397) attacks a randomised defense by optimising the
+EOT (Athalye et al. 2018, arXiv:1707.07397) attacks a randomized defense by optimising the
 expectation of the attack objective over the defense's random transformation, estimated from a
 few samples, instead of ignoring the randomness. CENSOR (Zhang et al., NDSS 2025, Section V-D)
 pairs GIFD with EOT: "the attacker follows the sampling methodology used by Censor's defense
@@ -9,83 +9,45 @@ After that, the attacker computes the average of the collected gradients over th
 trials", and "refine[s] the averaging process to prioritize gradients that are more informative
 or indicative of the original data". Table III reports that it does not weaken CENSOR.
 
-Here the threat model is an attacker who knows the client ran CENSOR. At every iteration it
-takes its dummy gradient g (built with ``create_graph=True``, so everything below stays
-differentiable in the dummy images) and draws n CENSOR-style samples of it: for each layer l a
-direction r ~ N(0, I), made orthogonal to g_l and rescaled to ‖g_l‖ by CENSOR's own
-:func:`~gradinv.defenses.censor.orthogonal_direction`, with the defense's ``projection`` and
-``scope``. It then compares these samples with the shared update; ``combine`` says how the n
-samples make one loss:
+Every attack has it (``eot_samples`` > 0 in :class:`~gradinv.attacks.base.MatchSettings`). The
+attacker knows which defense the client ran and how it is configured (the server sets up its
+clients); at every iteration it takes its dummy gradient g (differentiable in the dummy images)
+and draws n samples of the defense's transformation of it
+(:meth:`gradinv.defenses.Defense.attacker_samples`: CENSOR's orthogonal, norm-matched directions
+with its projection and scope; Gaussian noise's g + σ·N(0, I)). ``combine`` says how the n samples
+make one loss, with the attack's own distance:
 
-- ``average-gradient``: the paper's text; average the n transformed dummy gradients, then take
-  the matching loss of that average.
-- ``average-loss``: classic EOT; the mean of the n matching losses.
-- ``best-sample``: the lowest of the n matching losses. The paper does not define how the
-  attacker "prioritizes gradients that are more informative"; keeping the sample closest to
-  the shared update is our reading of it, not the paper's definition.
+- ``average-gradient``: CENSOR's text; average the n transformed dummy gradients, then take the
+  distance of that average.
+- ``average-loss``: classic EOT; the mean of the n distances.
+- ``best-sample``: the lowest of the n distances. CENSOR does not define how the attacker
+  "prioritizes gradients that are more informative"; keeping the sample closest to the shared
+  update is our reading of it, not the paper's definition.
 
-CENSOR then keeps, of its T candidates, the one whose step lowers the loss on the client's
-private batch; the attacker does not have that batch, and these samples skip the selection.
-
-The n directions of a layer come from one ``randn`` call on the CPU generator (then moved to the
-device, as the defenses draw), so a seed gives the same samples on any device.
+The samples come from the attack's generator, so a seed fixes them and a resumed run draws the
+same ones. Against a deterministic defense EOT has nothing to sample: the attack runs as without
+it, and its result says so (``transform_aware`` is the adaptive attack there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
-import torch
 from torch import Tensor
-from torch.func import vmap
-
-from gradinv.attacks.matching import cosine_distance, cosine_distances
-from gradinv.defenses.censor import orthogonal_direction
 
 Combine = Literal["average-gradient", "average-loss", "best-sample"]
-Projection = Literal["exact", "as-coded"]
-Scope = Literal["layer-wise", "whole-model"]
-
-
-def censor_samples(
-    grads: list[Tensor],
-    n: int,
-    generator: torch.Generator,
-    projection: Projection = "exact",
-    scope: Scope = "layer-wise",
-) -> list[Tensor]:
-    """n CENSOR-style transforms of ``grads``: per layer, a tensor of shape (n, *g.shape)."""
-    if scope == "layer-wise":
-        return [_orthogonal(g, n, generator, projection) for g in grads]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    out = _orthogonal(flat, n, generator, projection)
-    pieces = out.split([g.numel() for g in grads], dim=1)
-    return [p.reshape(n, *g.shape) for p, g in zip(pieces, grads, strict=True)]
-
-
-def _orthogonal(g: Tensor, n: int, generator: torch.Generator, projection: Projection) -> Tensor:
-    r = torch.randn((n, *g.shape), generator=generator, dtype=g.dtype).to(g.device)
-    # orthogonal_direction reduces over its whole input: vmap applies it to each of the n draws
-    # in one batched pass (measured a little faster than a loop on the CPU)
-    return vmap(lambda ri: orthogonal_direction(g, ri, projection))(r)
+# Stacked gradients (per layer (n, *shape)) and the target -> the n distances, shape (n,).
+Distances = Callable[[list[Tensor], list[Tensor]], Tensor]
 
 
 def eot_distance(
-    dummy: list[Tensor],
-    target: list[Tensor],
-    n: int,
-    generator: torch.Generator,
-    *,
-    combine: Combine = "average-gradient",
-    projection: Projection = "exact",
-    scope: Scope = "layer-wise",
-    nonzero_only: bool = False,
+    samples: list[Tensor], target: list[Tensor], distances: Distances, combine: Combine
 ) -> Tensor:
-    """The EOT matching loss of ``dummy`` against the shared ``target`` (see the module doc)."""
-    samples = censor_samples(dummy, n, generator, projection, scope)
+    """One EOT loss from n samples of the transformed dummy gradient (per layer (n, *shape))."""
     if combine == "average-gradient":
-        return cosine_distance([s.mean(0) for s in samples], target, nonzero_only)
-    losses = cosine_distances(samples, target, nonzero_only)
+        return distances([s.mean(0, keepdim=True) for s in samples], target)[0]
+    losses = distances(samples, target)
     if combine == "average-loss":
         return losses.mean()
     return losses.min()

@@ -48,14 +48,9 @@ Where this follows public code rather than the paper:
   records them, is not what the server has, and is not implemented.
 
 The R restarts are one (R, B, C, H, W) tensor under one Adam (Adam is elementwise, so this is R
-independent Adams). Each restart's parameter gradient comes from ``torch.func.vmap`` over
-``torch.func.grad``; measured on the project's CPU (one thread, R = 4, 32x32) it takes 12 ms
-an iteration against 17 ms for a loop over the restarts with cnn3 (B = 1; 20 against 25 ms at
-B = 4) and 156 against 166 ms with the BN ConvNet (width 16). With a model in train mode that has
-batch norm the attack loops over the restarts instead: vmap's second derivative through
-train-mode batch norm disagrees with finite differences (PyTorch 2.14, about 4e-4 relative at the
-worst pixel), the loop's agrees. There the attacker's copy runs with BN momentum 0, so its
-running statistics never move. ``vectorize: false`` forces the loop.
+independent Adams), their parameter gradients computed in the layout ``restarts_layout`` picks
+(:mod:`gradinv.attacks.restarts`: one ``vmap`` pass, or a loop over the restarts). ``output:
+last`` returns the last restart, as the GIFD code's ``choose_optimal`` does.
 
 With a :class:`~gradinv.progress.Progress` the loop saves its state (images, Adam and scheduler
 state, generator, group mean, history) and resumes from it bit for bit.
@@ -64,27 +59,28 @@ state, generator, group mean, history) and resumes from it bit for bit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
-from tqdm import tqdm
 
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
-from gradinv.attacks.matching import total_variation
+from gradinv.attacks.matching import euclidean_distances, total_variation
+from gradinv.attacks.restarts import (
+    Layout,
+    RestartLoss,
+    initial_dummies,
+    resolve_layout,
+    restart_gradients,
+)
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
 
 FIRST_BN_WEIGHT = 10.0  # DeepInversion, breaching and GIFD weight the first BN layer 10x
-
-# (R, B, C, H, W) dummies -> per-restart gradient distances (R,) and BN-prior values (R,)
-Matcher = Callable[[Tensor, bool], tuple[Tensor, Tensor]]
 
 
 @ATTACKS.register("gradinversion")
@@ -106,8 +102,8 @@ class GradInversion(Attack):
         )
         langevin: float = bounded(0.0, ge=0.0, doc="Langevin noise on the image gradient")
         boxed: bool = True
-        output: Literal["best", "group-mean"] = "best"
-        vectorize: bool = True
+        output: Literal["best", "last", "group-mean"] = "best"
+        restarts_layout: Layout = "auto"
         log_every: int = bounded(25, ge=1)
 
     def reconstruct(
@@ -125,16 +121,15 @@ class GradInversion(Attack):
         batch_norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if s.bn_prior > 0 and not batch_norms:
             raise ValueError("gradinversion: bn_prior > 0 needs a model with batch norm")
-        defended = self.dummy_transform(update, [n for n, _ in named], target)
-        # vmap cannot trace every defense's transform (masks built by sorting): loop then.
-        vectorized = (
-            s.vectorize
-            and not (model.training and len(batch_norms) > 0)
-            and s.transform_aware == "off"
+        compare = self.gradient_match(update, [n for n, _ in named], target, _gi_distances)
+        layout = resolve_layout(s.restarts_layout, model, device)
+        gradients = restart_gradients(
+            model, named, _restart_loss(labels, batch_norms, s.bn_prior > 0), layout
         )
-        match = _matcher(
-            model, named, target, labels, batch_norms, s.bn_prior > 0, vectorized, defended
-        )
+
+        def match(x: Tensor, create_graph: bool) -> tuple[Tensor, Tensor]:
+            grads, bn = gradients(x, create_graph)
+            return compare(grads, generator), bn
 
         shape = (s.restarts, meta.batch_size, *meta.image_shape)
         mean = torch.tensor(meta.mean, device=device).view(1, 1, -1, 1, 1)
@@ -142,7 +137,7 @@ class GradInversion(Attack):
         low, high = (0 - mean) / std, (1 - mean) / std
         pixels = meta.image_shape[1] * meta.image_shape[2]
 
-        x = torch.randn(shape, generator=generator).to(device).requires_grad_(True)
+        x = initial_dummies(s.restarts, shape[1:], generator, device).requires_grad_(True)
         opt = torch.optim.Adam([x], lr=s.lr)
         sched = _scheduler(opt, s.schedule, s.iterations, s.warmup)
         anchor: Tensor | None = None
@@ -158,8 +153,7 @@ class GradInversion(Attack):
             start, history = saved["iteration"], saved["history"]
             progress.resumed(f"iteration {start}")
 
-        bar = tqdm(range(start, s.iterations), desc="GI", mininterval=5.0, leave=False)
-        for it in bar:
+        for it in self.iterations(f"GI, {s.restarts} restart(s) {layout}", start, s.iterations):
             if s.group > 0 and s.restarts > 1 and _refresh(it, s.group_start, s.group_every):
                 anchor = x.detach().mean(0)
             opt.zero_grad()
@@ -201,39 +195,36 @@ class GradInversion(Attack):
                 )
 
         final = x.detach()
-        with torch.no_grad():
-            distances = match(final, False)[0].tolist()
+        distances = match(final, False)[0].tolist()
         history["final_gradient_distance"] = list(enumerate(distances))
         if not all(math.isfinite(d) for d in distances):
             raise AttackFailed(f"non-finite final gradient distance: {distances}")
         best = min(range(s.restarts), key=lambda r: distances[r])
+        chosen = s.restarts - 1 if s.output == "last" else best
         summary = {
             "best_restart": best,
+            "returned_restart": chosen,
             "gradient_distance": distances[best],
             "group_spread": _spread(final),
-            "restarts_batched": "vmap" if vectorized else "loop",
+            "restarts_layout": layout,
         }
-        images = final[best]
+        images = final[chosen]
         if s.output == "group-mean":
             images = final.mean(0)
-            with torch.no_grad():
-                summary["gradient_distance"] = match(images[None], False)[0].item()
+            summary["gradient_distance"] = match(images[None], False)[0].item()
         images = denormalize(images.cpu(), meta.mean, meta.std).clamp(0, 1)
         return AttackResult(images=images, labels=labels.cpu(), history=history, summary=summary)
 
 
-def _matcher(
-    model: nn.Module,
-    named: list[tuple[str, nn.Parameter]],
-    target: list[Tensor],
-    labels: Tensor,
-    batch_norms: list[nn.Module],
-    with_bn: bool,
-    vectorized: bool,
-    defended: Callable[[list[Tensor]], list[Tensor]],
-) -> Matcher:
-    """Per-restart gradient distance (and BN prior) of stacked dummies, by vmap or by a loop."""
-    inputs: list[Tensor] = []  # each BN layer's input of the current forward, when with_bn
+def _gi_distances(samples: list[Tensor], target: list[Tensor]) -> Tensor:
+    """The GIFD code's ``l2`` cost: the squared Euclidean distance averaged over the layers."""
+    return euclidean_distances(samples, target) / len(target)
+
+
+def _restart_loss(labels: Tensor, batch_norms: list[nn.Module], with_bn: bool) -> RestartLoss:
+    """One restart's cross-entropy and, when ``with_bn``, its BN-statistics prior (read from
+    hooks on the BN layers' inputs of the forward pass that produced the logits)."""
+    inputs: list[Tensor] = []
     if with_bn:
         for bn in batch_norms:
             bn.register_forward_hook(lambda _m, args, _out: inputs.append(args[0]))
@@ -254,43 +245,11 @@ def _matcher(
         inputs.clear()
         return torch.stack(terms).sum()
 
-    if vectorized:
-        params = {n: p.detach() for n, p in named}
-        buffers = dict(model.named_buffers())
+    def loss_of(logits: Tensor) -> tuple[Tensor, Tensor]:
+        loss = F.cross_entropy(logits, labels)
+        return loss, bn_prior() if with_bn else loss.new_zeros(())
 
-        def restart_loss(p: dict[str, Tensor], xr: Tensor) -> tuple[Tensor, Tensor]:
-            loss = F.cross_entropy(functional_call(model, (p, buffers), (xr,)), labels)
-            return loss, bn_prior() if with_bn else loss.new_zeros(())
-
-        per_restart = vmap(grad(restart_loss, has_aux=True), in_dims=(None, 0))
-
-        def match(x: Tensor, create_graph: bool) -> tuple[Tensor, Tensor]:
-            # torch.func.grad differentiates even under an outer no_grad; the outer autograd
-            # keeps the graph back to x unless called under no_grad, so create_graph is implied
-            grads, bn = per_restart(params, x)
-            pairs = zip(named, target, strict=True)
-            sq = [(grads[n] - t).pow(2).flatten(1).sum(1) for (n, _), t in pairs]
-            return torch.stack(sq).sum(0) / len(target), bn
-
-        return match
-
-    for bn in batch_norms:
-        bn.momentum = 0.0  # a train-mode forward must not move the running statistics
-    weights = [p for _, p in named]
-
-    def match_loop(x: Tensor, create_graph: bool) -> tuple[Tensor, Tensor]:
-        distances, priors = [], []
-        for xr in x:
-            with torch.enable_grad():
-                loss = F.cross_entropy(model(xr), labels)
-                raw = torch.autograd.grad(loss, weights, create_graph=create_graph)
-                grads = defended(list(raw))
-            sq = sum((g - t).pow(2).sum() for g, t in zip(grads, target, strict=True))
-            distances.append(sq / len(target))
-            priors.append(bn_prior() if with_bn else loss.new_zeros(()))
-        return torch.stack(distances), torch.stack(priors)
-
-    return match_loop
+    return loss_of
 
 
 def _scheduler(

@@ -5,40 +5,15 @@ from __future__ import annotations
 from torch import Tensor
 
 
-def cosine_distance(
-    dummy: list[Tensor], target: list[Tensor], nonzero_only: bool = False
-) -> Tensor:
-    """1 - cosine similarity of the concatenated gradients (Geiping et al. 2020, Eq. 4).
-
-    ``nonzero_only`` restricts both vectors to the target's non-zero entries, as the GIFD/CENSOR
-    code does: entries a defense zeroed carry no signal and would only pull the match off.
-    """
-    dot = dummy[0].new_zeros(())
-    dummy_sq = dummy[0].new_zeros(())
-    target_sq = dummy[0].new_zeros(())
-    for d, t in zip(dummy, target, strict=True):
-        if nonzero_only:
-            d = d * (t != 0)
-        dot = dot + (d * t).sum()
-        dummy_sq = dummy_sq + d.pow(2).sum()
-        target_sq = target_sq + t.pow(2).sum()
-    return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
-
-
-def euclidean_distance(dummy: list[Tensor], target: list[Tensor]) -> Tensor:
-    """Sum over layers of the squared differences (DLG's ``grad_diff``; not square-rooted)."""
-    total = dummy[0].new_zeros(())
-    for d, t in zip(dummy, target, strict=True):
-        total = total + (d - t).pow(2).sum()
-    return total
-
-
 def cosine_distances(
     samples: list[Tensor], target: list[Tensor], nonzero_only: bool = False
 ) -> Tensor:
-    """:func:`cosine_distance` of each of n stacked dummy gradients, in one pass: shape (n,).
+    """1 - cosine similarity of each of n stacked gradients with the target, all layers
+    concatenated (Geiping et al. 2020, Eq. 4), in one pass: shape (n,).
 
     ``samples[l]`` holds layer l of all n gradients, shape (n, *target[l].shape).
+    ``nonzero_only`` restricts both vectors to the target's non-zero entries, as the GIFD/CENSOR
+    code does: entries a defense zeroed carry no signal and would only pull the match off.
     """
     n = samples[0].shape[0]
     dot = samples[0].new_zeros(n)
@@ -51,6 +26,23 @@ def cosine_distances(
         dummy_sq = dummy_sq + d.pow(2).reshape(n, -1).sum(1)
         target_sq = target_sq + t.pow(2).sum()
     return 1 - dot / (dummy_sq.sqrt() * target_sq.sqrt() + 1e-12)
+
+
+def euclidean_distances(samples: list[Tensor], target: list[Tensor]) -> Tensor:
+    """Sum over layers of the squared differences (DLG's ``grad_diff``; not square-rooted) of
+    each of n stacked gradients with the target: shape (n,)."""
+    n = samples[0].shape[0]
+    total = samples[0].new_zeros(n)
+    for d, t in zip(samples, target, strict=True):
+        total = total + (d - t).pow(2).reshape(n, -1).sum(1)
+    return total
+
+
+def cosine_distance(
+    dummy: list[Tensor], target: list[Tensor], nonzero_only: bool = False
+) -> Tensor:
+    """:func:`cosine_distances` of one gradient."""
+    return cosine_distances([d[None] for d in dummy], target, nonzero_only)[0]
 
 
 def total_variation(x: Tensor) -> Tensor:

@@ -39,6 +39,9 @@ class Defense:
     """
 
     Settings: ClassVar[type]
+    # True for a defense whose transform is random (noise, CENSOR): the EOT attack then averages
+    # over samples of it (attacker_samples); a deterministic one is matched by attacker_transform.
+    randomized: ClassVar[bool] = False
     update_lr: float | None = None  # the client's step size, set by build_defense
     # Public (non-private) images and labels, as model inputs, for defenses that draw directions
     # from them (CENSOR's source: public); set by build_defense.
@@ -74,6 +77,16 @@ class Defense:
         must stay differentiable in the dummy gradient.
         """
         return None
+
+    def attacker_samples(self, grads: Gradients, n: int, generator: torch.Generator) -> Gradients:
+        """n draws of the defense's random transformation of ``grads``, per layer (n, *shape).
+
+        What an EOT attacker (Athalye et al. 2018) averages over: the defense as configured (the
+        server knows what its clients run), applied to the attacker's dummy gradient. It must stay
+        differentiable in ``grads`` and draw from ``generator`` (on the CPU, then moved), so that a
+        seed fixes the samples. Only defenses with ``randomized = True`` implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not randomized: nothing to sample")
 
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
         """The shared gradients. ``generator`` is a CPU generator: draw random numbers on the CPU

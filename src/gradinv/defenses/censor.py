@@ -81,6 +81,8 @@ class CensorFallbackWarning(UserWarning):
 
 @DEFENSES.register("censor")
 class Censor(Defense):
+    randomized = True
+
     @dataclass(frozen=True)
     class Settings:
         trials: int = bounded(20, ge=1, doc="T: candidate orthogonal gradients per update")
@@ -267,6 +269,27 @@ class Censor(Defense):
 
     def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
         raise TypeError("CENSOR needs the model and the batch; call shared_update")
+
+    def attacker_samples(self, grads: Gradients, n: int, generator: torch.Generator) -> Gradients:
+        """n CENSOR-style transforms of ``grads`` (CENSOR's Table III attacker, Section V-D):
+        Gaussian directions made orthogonal and norm-matched with this defense's ``projection``
+        and ``scope``. No selection: the attacker lacks the client's batch that scores the
+        candidates. The n directions of a layer come from one ``randn`` call."""
+        projection = self.settings.projection
+        if self.settings.scope == "layer-wise":
+            return {k: _orthogonal_samples(g, n, generator, projection) for k, g in grads.items()}
+        names = list(grads)
+        flat = torch.cat([grads[k].reshape(-1) for k in names])
+        out = _orthogonal_samples(flat, n, generator, projection)
+        pieces = out.split([grads[k].numel() for k in names], dim=1)
+        return {k: p.reshape(n, *grads[k].shape) for k, p in zip(names, pieces, strict=True)}
+
+
+def _orthogonal_samples(g: Tensor, n: int, generator: torch.Generator, projection: str) -> Tensor:
+    r = torch.randn((n, *g.shape), generator=generator, dtype=g.dtype).to(g.device)
+    # orthogonal_direction reduces over its whole input: vmap applies it to each of the n draws
+    # in one batched pass (measured a little faster than a loop on the CPU)
+    return vmap(lambda ri: orthogonal_direction(g, ri, projection))(r)
 
 
 def _gaussian(g: Tensor, generator: torch.Generator) -> Tensor:

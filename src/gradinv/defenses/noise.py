@@ -16,6 +16,8 @@ from gradinv.settings import bounded
 
 @DEFENSES.register("gaussian_noise")
 class GaussianNoise(Defense):
+    randomized = True
+
     @dataclass(frozen=True)
     class Settings:
         std: float = bounded(0.01, ge=0.0, doc="standard deviation of the added noise")
@@ -25,4 +27,11 @@ class GaussianNoise(Defense):
         return {
             n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype).to(g.device)
             for n, g in grads.items()
+        }
+
+    def attacker_samples(self, grads: Gradients, n: int, generator: torch.Generator) -> Gradients:
+        std = self.settings.std
+        return {
+            k: g[None] + std * torch.randn((n, *g.shape), generator=generator, dtype=g.dtype).to(g)
+            for k, g in grads.items()
         }

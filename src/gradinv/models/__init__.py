@@ -42,3 +42,59 @@ def classifier_layer(model: nn.Module) -> tuple[str, nn.Linear]:
     if last is None:
         raise ValueError(f"{type(model).__name__} has no fully connected layer")
     return last
+
+
+def stochastic_parameters(model: nn.Module, image_shape: tuple[int, ...]) -> set[str]:
+    """The parameters downstream of a random draw in the forward pass: those of every layer whose
+    input differs between two forward passes of the same images under different random seeds.
+
+    For a variational bottleneck (PRECODE, CVB) these are its decoder and every later layer, the
+    gradients the CVB paper's "Ignore" attack leaves out; a deterministic model has none. The
+    probe runs on a copy of ``model`` in its current mode, so batch-norm statistics and the global
+    random state are untouched.
+    """
+    import copy
+
+    probe = copy.deepcopy(model)
+    owners = [
+        (name, m)
+        for name, m in probe.named_modules()
+        if next(m.parameters(recurse=False), None) is not None
+    ]
+    param = next(probe.parameters())
+    images = torch.rand((2, *image_shape), generator=torch.Generator().manual_seed(0))
+    images = images.to(device=param.device, dtype=param.dtype)
+
+    def inputs_under(seed: int) -> dict[str, list[torch.Tensor]]:
+        seen: dict[str, list[torch.Tensor]] = {}
+        hooks = [
+            m.register_forward_pre_hook(
+                lambda _m, args, name=name: seen.setdefault(name, []).extend(
+                    a.detach().clone() for a in args if isinstance(a, torch.Tensor)
+                )
+            )
+            for name, m in owners
+        ]
+        try:
+            with torch.random.fork_rng(devices=[param.device] if param.is_cuda else []):
+                torch.manual_seed(seed)
+                with torch.no_grad():
+                    probe(images)
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen
+
+    first, second = inputs_under(1), inputs_under(2)
+    varying = {
+        name
+        for name in first
+        if len(first[name]) != len(second.get(name, []))
+        or any(not torch.equal(a, b) for a, b in zip(first[name], second[name], strict=True))
+    }
+    return {
+        f"{name}.{p}" if name else p
+        for name, m in owners
+        if name in varying
+        for p, _ in m.named_parameters(recurse=False)
+    }

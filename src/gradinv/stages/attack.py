@@ -45,11 +45,16 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
             "images": rec.images.detach().float(),
             "labels": rec.labels,
             "history": {k: [list(p) for p in v] for k, v in rec.history.items()},
-            # The threat model's last part: which layers' gradients the attack matched.
+            # The threat model as it ran: where the labels came from, which layers' gradients
+            # the attack matched, through which view of the defense; and how fast it ran.
             "summary": rec.summary
             | {
+                "labels_from": attack.label_note,
                 "matched_layers": attack.matched_names,
                 "transform_aware": attack.transform_note,
+                "eot": attack.eot_note,
+                "iterations": attack.speed.get("iterations"),
+                "iterations_per_second": attack.speed.get("per_second"),
             },
         }
     except AttackFailed as err:

@@ -36,6 +36,7 @@ def run(
     names = metric_cfg.pop("names")
     metric_settings = from_mapping(MetricSettings, metric_cfg, where="metrics")
     defense, attack = settings["defense"], settings["attack"]
+    summary = rec.get("summary", {})
     row: dict[str, Any] = {
         "dataset": settings["dataset"],
         "dataset_label": settings["dataset_label"],
@@ -54,8 +55,10 @@ def run(
         "failure": rec["failure"],
         # What the attacker knew: the threat model, and the layers whose gradients it matched.
         "threat_model": settings["threat_model"]
-        | {k: rec.get("summary", {}).get(k) for k in ("matched_layers", "transform_aware")},
+        | {k: summary.get(k) for k in ("labels_from", "matched_layers", "transform_aware", "eot")},
         "attack_seconds": rec["seconds"],
+        "attack_iterations_per_second": summary.get("iterations_per_second"),
+        "restarts_layout": summary.get("restarts_layout"),
         **record(settings, secret["data_sha256"]),
     }
     scores: dict[str, Any] = {}
@@ -100,6 +103,8 @@ def _track(
         if k in row and row[k] is not None and not _is_bad(row[k])
     }
     metrics["attack_seconds"] = row["attack_seconds"]
+    if row["attack_iterations_per_second"] is not None:
+        metrics["attack_iterations_per_second"] = row["attack_iterations_per_second"]
     history = {
         k: [(int(s), float(v)) for s, v in pts]
         for k, pts in rec.get("history", {}).items()

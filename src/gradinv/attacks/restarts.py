@@ -1,0 +1,106 @@
+"""R restarts of a gradient-matching attack as one computation, in the faster of two layouts.
+
+The optimisation attacks (IG, GI) optimise R independent dummies ("restarts") and keep the best
+(by gradient distance). Adam, sign and box are elementwise, so R restarts stacked into one
+(R, B, C, H, W) tensor under one optimiser are R independent runs. What costs is the parameter
+gradient of each restart, which must stay differentiable in its dummy (the attack differentiates
+the gradient distance). Two layouts compute it:
+
+- ``batched``: one ``torch.func.vmap`` over ``torch.func.grad``: the R forward and double
+  backward passes run as one batched pass (convolutions over R·B images). It fills a GPU.
+- ``sequential``: a loop over the restarts, one autograd graph each.
+
+``auto`` picks ``batched`` on CUDA and ``sequential`` on the CPU, as measured by
+``benchmarks/restarts.py`` (README, "Speed of the attacks"): on 2 CPU cores vmap's batched
+double backward of ResNet-18 is slower than R separate ones. A model in train mode with batch
+norm is always run ``sequential``: vmap's second derivative through train-mode batch norm
+disagrees with finite differences (PyTorch 2.14, about 4e-4 relative at the worst pixel), the
+loop's agrees; there the attacker's copy runs with BN momentum 0, so its running statistics
+never move. Both layouts give the same gradients up to floating-point rounding
+(``tests/test_restarts.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+Layout = Literal["auto", "batched", "sequential"]
+
+# The logits of one restart's dummies -> (its loss, an auxiliary term such as GI's BN prior).
+RestartLoss = Callable[[Tensor], tuple[Tensor, Tensor]]
+# (R, B, C, H, W) dummies, create_graph -> per layer the (R, *shape) gradients, and aux (R,).
+RestartGradients = Callable[[Tensor, bool], tuple[list[Tensor], Tensor]]
+
+
+def resolve_layout(layout: Layout, model: nn.Module, device: torch.device) -> str:
+    """The layout that runs: ``auto`` by device; never ``batched`` through train-mode BN."""
+    train_bn = model.training and any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    )
+    if train_bn:
+        return "sequential"
+    if layout == "auto":
+        return "batched" if device.type == "cuda" else "sequential"
+    return layout
+
+
+def restart_gradients(
+    model: nn.Module,
+    named: list[tuple[str, nn.Parameter]],
+    loss_of: RestartLoss,
+    layout: str,
+) -> RestartGradients:
+    """Per-restart gradients of ``loss_of(model(x_r))`` for the parameters ``named``.
+
+    ``layout`` is a resolved one (:func:`resolve_layout`). The returned gradients keep the graph
+    back to the dummies (``create_graph``) so that a distance of them can be differentiated.
+    """
+    if layout == "batched":
+        params = {n: p.detach() for n, p in named}
+        buffers = dict(model.named_buffers())
+
+        def restart_loss(p: dict[str, Tensor], xr: Tensor) -> tuple[Tensor, Tensor]:
+            return loss_of(functional_call(model, (p, buffers), (xr,)))
+
+        per_restart = vmap(grad(restart_loss, has_aux=True), in_dims=(None, 0))
+
+        def batched(x: Tensor, create_graph: bool) -> tuple[list[Tensor], Tensor]:
+            # torch.func.grad differentiates even under an outer no_grad; the outer autograd
+            # keeps the graph back to x unless called under no_grad, so create_graph is implied
+            grads, aux = per_restart(params, x)
+            return [grads[n] for n, _ in named], aux
+
+        return batched
+
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = 0.0  # a train-mode forward must not move the running statistics
+    weights = [p for _, p in named]
+
+    def sequential(x: Tensor, create_graph: bool) -> tuple[list[Tensor], Tensor]:
+        per_layer: list[list[Tensor]] = [[] for _ in weights]
+        aux = []
+        for xr in x:
+            with torch.enable_grad():
+                loss, extra = loss_of(model(xr))
+                grads = torch.autograd.grad(loss, weights, create_graph=create_graph)
+            for layer, g in zip(per_layer, grads, strict=True):
+                layer.append(g)
+            aux.append(extra)
+        return [torch.stack(layer) for layer in per_layer], torch.stack(aux)
+
+    return sequential
+
+
+def initial_dummies(
+    restarts: int, shape: tuple[int, ...], generator: torch.Generator, device: torch.device
+) -> Tensor:
+    """R starting dummies from N(0, 1), drawn one restart after another on the CPU generator:
+    restart r starts where the r-th of R separate runs would, in either layout."""
+    draws = [torch.randn(shape, generator=generator) for _ in range(restarts)]
+    return torch.stack(draws).to(device)
