@@ -46,15 +46,18 @@ def test_both_layouts_give_each_restart_its_own_gradient(name, settings):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-6)
 
 
-def test_auto_batches_on_a_gpu_and_loops_on_the_cpu_and_train_mode_bn_always_loops():
-    model = build_model(ModelSpec("convnet", 10, 3, 16, {"width": 4}), seed=0)
+def test_auto_picks_the_layout_measured_faster_and_train_mode_bn_always_loops():
+    small = build_model(ModelSpec("convnet", 10, 3, 16, {"width": 4}), seed=0).eval()
+    large = build_model(ModelSpec("resnet18", 10, 3, 32, {}), seed=0).eval()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    model.eval()
-    assert resolve_layout("auto", model, cpu) == "sequential"
-    assert resolve_layout("auto", model, cuda) == "batched"
-    assert resolve_layout("batched", model, cpu) == "batched"
-    model.train()
-    assert resolve_layout("batched", model, cuda) == "sequential"
+    assert resolve_layout("auto", small, cpu, 4) == "batched"
+    assert resolve_layout("auto", large, cpu, 4) == "sequential"
+    assert resolve_layout("auto", large, cuda, 4) == "batched"
+    assert resolve_layout("auto", large, cuda, 1) == "sequential"
+    assert resolve_layout("batched", large, cpu, 4) == "batched"
+    assert resolve_layout("sequential", small, cuda, 4) == "sequential"
+    small.train()
+    assert resolve_layout("batched", small, cuda, 4) == "sequential"
 
 
 def test_restart_r_starts_where_the_r_th_separate_run_would():

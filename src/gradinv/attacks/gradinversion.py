@@ -122,7 +122,7 @@ class GradInversion(Attack):
         if s.bn_prior > 0 and not batch_norms:
             raise ValueError("gradinversion: bn_prior > 0 needs a model with batch norm")
         compare = self.gradient_match(update, [n for n, _ in named], target, _gi_distances)
-        layout = resolve_layout(s.restarts_layout, model, device)
+        layout = resolve_layout(s.restarts_layout, model, device, s.restarts)
         gradients = restart_gradients(
             model, named, _restart_loss(labels, batch_norms, s.bn_prior > 0), layout
         )

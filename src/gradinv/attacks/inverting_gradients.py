@@ -79,7 +79,7 @@ class InvertingGradients(Attack):
         labels = self.private_labels(model, update).to(device)
         distances = partial(cosine_distances, nonzero_only=s.nonzero_only)
         match = self.gradient_match(update, [n for n, _ in named], target, distances)
-        layout = resolve_layout(s.restarts_layout, model, device)
+        layout = resolve_layout(s.restarts_layout, model, device, s.restarts)
 
         def no_aux(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             loss = F.cross_entropy(logits, labels)

@@ -10,14 +10,16 @@ the gradient distance). Two layouts compute it:
   backward passes run as one batched pass (convolutions over R·B images). It fills a GPU.
 - ``sequential``: a loop over the restarts, one autograd graph each.
 
-``auto`` picks ``batched`` on CUDA and ``sequential`` on the CPU, as measured by
-``benchmarks/restarts.py`` (README, "Speed of the attacks"): on 2 CPU cores vmap's batched
-double backward of ResNet-18 is slower than R separate ones. A model in train mode with batch
-norm is always run ``sequential``: vmap's second derivative through train-mode batch norm
-disagrees with finite differences (PyTorch 2.14, about 4e-4 relative at the worst pixel), the
-loop's agrees; there the attacker's copy runs with BN momentum 0, so its running statistics
-never move. Both layouts give the same gradients up to floating-point rounding
-(``tests/test_restarts.py``).
+``auto`` picks what ``benchmarks/restarts.py`` measured faster (README, "Speed of the attacks"):
+one restart runs ``sequential`` (vmap over one is pure overhead); several run ``batched`` on a
+GPU, and on the CPU ``batched`` for a small model (under ``SMALL_MODEL`` parameters, where the
+per-restart dispatch overhead dominates: the 3-layer CNN) and ``sequential`` for a large one
+(ResNet-18, where vmap's batched double backward is slower on the CPU than R separate ones).
+A model in train mode with batch norm always runs ``sequential``: vmap's second derivative
+through train-mode batch norm disagrees with finite differences (PyTorch 2.14, about 4e-4
+relative at the worst pixel), the loop's agrees; there the attacker's copy runs with BN momentum
+0, so its running statistics never move. Both layouts give the same reconstruction up to
+floating-point rounding (``tests/test_restarts.py``), so the choice changes speed only.
 """
 
 from __future__ import annotations
@@ -37,16 +39,24 @@ RestartLoss = Callable[[Tensor], tuple[Tensor, Tensor]]
 RestartGradients = Callable[[Tensor, bool], tuple[list[Tensor], Tensor]]
 
 
-def resolve_layout(layout: Layout, model: nn.Module, device: torch.device) -> str:
-    """The layout that runs: ``auto`` by device; never ``batched`` through train-mode BN."""
+SMALL_MODEL = 1_000_000  # parameters; below it, batched restarts were faster on the CPU
+
+
+def resolve_layout(layout: Layout, model: nn.Module, device: torch.device, restarts: int) -> str:
+    """The layout that runs (see the module doc); never ``batched`` through train-mode BN."""
     train_bn = model.training and any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
     )
     if train_bn:
         return "sequential"
-    if layout == "auto":
-        return "batched" if device.type == "cuda" else "sequential"
-    return layout
+    if layout != "auto":
+        return layout
+    if restarts == 1:
+        return "sequential"
+    if device.type == "cuda":
+        return "batched"
+    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
+    return "batched" if small else "sequential"
 
 
 def restart_gradients(
