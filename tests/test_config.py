@@ -57,6 +57,10 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"defenses.noise.stdd: unknown key; did you mean 'std'",
         ),
         (
+            broken("attacks.ig_ignore.ignore_layers", ["@stochstic"]),
+            r"attacks.ig_ignore.ignore_layers: '@stochstic' is no layer pattern; the only one starting with @ is '@stochastic'",
+        ),
+        (
             broken("defenses.noise.std", -0.1),
             r"defenses.noise.std: -0.1 is out of range; it must be >= 0",
         ),

@@ -224,6 +224,16 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
     def fail(message: str) -> None:
         raise ConfigError(f"{source}: {message}")
 
+    from gradinv.attacks.base import STOCHASTIC
+
+    for name, attack in config["attacks"].items():
+        for key in ("layers", "ignore_layers"):
+            special = [p for p in attack.get(key, ()) if p.startswith("@") and p != STOCHASTIC]
+            if special:
+                fail(
+                    f"attacks.{name}.{key}: {special[0]!r} is no layer pattern; the only one "
+                    f"starting with @ is {STOCHASTIC!r} (the layers after a random draw)."
+                )
     if max(fl["checkpoint_rounds"]) > fl["rounds"]:
         fail(
             f"fl.checkpoint_rounds: round {max(fl['checkpoint_rounds'])} is beyond fl.rounds "
