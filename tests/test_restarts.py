@@ -116,3 +116,39 @@ def test_the_best_restart_is_returned_and_the_last_on_request(kind):
     assert last.summary["returned_restart"] == 2
     assert last.summary["best_restart"] == chosen  # GIFD reports the best one's score ...
     assert not torch.equal(best.images, last.images)  # ... and returns another image
+
+
+@pytest.mark.parametrize("kind", RESTART_ATTACKS)
+def test_a_defenses_transform_and_eot_apply_to_each_restart_in_both_layouts(kind):
+    """The defense's view of the dummy gradient runs outside vmap, on each restart's gradient,
+    so batched restarts need no traceable transform (sparsification sorts)."""
+    from gradinv.defenses import build_defense
+    from gradinv.protocol import PublicMeta, SharedUpdate
+
+    x = photo_patch(16)[None]
+    server, update = capture("cnn3", x, torch.tensor([2]))
+    cases = {
+        "sparsification": ({"prune": 0.5, "rule": "percentile"}, {"transform_aware": "estimated"}),
+        "gaussian_noise": ({"std": 0.001}, {"eot_samples": 2}),
+    }
+    for defense, (settings, adaptive) in cases.items():
+        shared = build_defense(defense, settings, where="t").transform(
+            update.tensors, torch.Generator().manual_seed(1)
+        )
+        meta = PublicMeta(
+            **{**update.meta.__dict__, "defense": defense, "defense_kind": defense}
+            | {"defense_settings": settings}
+        )
+        observed = SharedUpdate(shared, "gradient", meta)
+        results = []
+        for layout in ("batched", "sequential"):
+            attack = build_attack(
+                kind,
+                {"iterations": 20, "restarts": 2, "restarts_layout": layout, **adaptive},
+                ThreatModel(),
+                where="t",
+            )
+            results.append(attack.reconstruct(server, observed, torch.Generator().manual_seed(0)))
+            assert attack.transform_note != "off" or attack.eot_note != "off"
+        assert results[0].summary["restarts_layout"] == "batched"
+        assert (results[0].images - results[1].images).abs().max() < 1e-3

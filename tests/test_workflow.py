@@ -221,6 +221,14 @@ def test_tiny_end_to_end_run(tmp_path):
     assert set(shared) == {"server", "update", "client"}
     assert set(shared["client"]) == {"update_cosine", "fallback_fired", "defense"}
     assert shared["update"]["meta"]["labels"] is None
+    # Every result records the threat model as it ran and how fast the attack was.
+    metrics = json.loads(
+        (root / "results/metrics/patches/cnn3/censor/r0_b1/gi/victim0.json").read_text()
+    )
+    assert metrics["threat_model"]["labels_from"] == "inferred: idlg"
+    assert metrics["threat_model"]["eot"] == "off"
+    assert metrics["restarts_layout"] == "batched"  # GI's 2 restarts on the small CNN (auto)
+    assert metrics["attack_iterations_per_second"] > 0
     with sqlite3.connect(root / "mlflow.db") as db:
         runs = db.execute(
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
