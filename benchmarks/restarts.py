@@ -12,8 +12,8 @@ after a warm-up run) of 1 restart (``sequential``: one plain autograd graph), R 
 ``batched`` (one ``torch.func.vmap`` pass) and R restarts ``sequential`` (a loop over them).
 Ratios: R batched / 1 restart and R sequential / 1 restart (R: no saving; below R: the restarts
 share work), and sequential / batched (the speedup of batching). Also the layout ``auto`` picks
-on that device (:func:`gradinv.attacks.restarts.resolve_layout`) and the faster one as
-measured. ``--iterations`` defaults to 5 on the CPU and 50 on CUDA.
+for R restarts of that model on that device (:func:`gradinv.attacks.restarts.resolve_layout`)
+and the faster one as measured. ``--iterations`` defaults to 5 on the CPU and 50 on CUDA.
 
 Correctness: on ``cnn3`` with the photo at 16x16, per device, IG with 3 restarts, the same
 seed, both layouts, ``signed`` True (the default) and False, for ``--check-iterations``
@@ -173,7 +173,7 @@ def speed(model_name, size, device, restarts, iterations, repeats) -> dict[str, 
     bat = time(restarts, "batched")
     seq = time(restarts, "sequential")
     model = build_model(spec_of(model_name, size), seed=0).eval()
-    auto = resolve_layout("auto", model, device)
+    auto = resolve_layout("auto", model, device, restarts)
     faster = "batched" if bat < seq else "sequential"
     return {
         "model": model_name,
