@@ -72,9 +72,13 @@ from gradinv.attacks.matching import euclidean_distances, total_variation
 from gradinv.attacks.restarts import (
     Layout,
     RestartLoss,
+    choose_restart,
     initial_dummies,
+    log_restarts,
+    loop_state,
     resolve_layout,
     restart_gradients,
+    resume_loop,
 )
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
@@ -144,13 +148,8 @@ class GradInversion(Attack):
         history: dict[str, list[tuple[int, float]]] = {}
         start, saved = 0, progress.load() if progress else None
         if saved is not None:
-            with torch.no_grad():
-                x.copy_(saved["x"])
-            opt.load_state_dict(saved["optimizer"])
-            sched.load_state_dict(saved["scheduler"])
-            generator.set_state(saved["generator"])
+            start, history = resume_loop(saved, x, opt, sched, generator)
             anchor = None if saved["anchor"] is None else saved["anchor"].to(device)
-            start, history = saved["iteration"], saved["history"]
             progress.resumed(f"iteration {start}")
 
         for it in self.iterations(f"GI, {s.restarts} restart(s) {layout}", start, s.iterations):
@@ -178,29 +177,16 @@ class GradInversion(Attack):
                 with torch.no_grad():
                     x.data = torch.max(torch.min(x, high), low)
             if it % s.log_every == 0 or it == s.iterations - 1:
-                for r, value in enumerate(objective.tolist()):
-                    history.setdefault(f"loss_restart{r}", []).append((it, value))
+                log_restarts(history, it, objective)
                 history.setdefault("group_spread", []).append((it, _spread(x.detach())))
             if progress and progress.due():
-                progress.save(
-                    {
-                        "iteration": it + 1,
-                        "x": x.detach().cpu(),
-                        "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(),
-                        "generator": generator.get_state(),
-                        "anchor": None if anchor is None else anchor.cpu(),
-                        "history": history,
-                    }
-                )
+                mean = None if anchor is None else anchor.cpu()
+                progress.save(loop_state(it + 1, x, opt, sched, generator, history, anchor=mean))
 
         final = x.detach()
         distances = match(final, False)[0].tolist()
         history["final_gradient_distance"] = list(enumerate(distances))
-        if not all(math.isfinite(d) for d in distances):
-            raise AttackFailed(f"non-finite final gradient distance: {distances}")
-        best = min(range(s.restarts), key=lambda r: distances[r])
-        chosen = s.restarts - 1 if s.output == "last" else best
+        best, chosen = choose_restart(distances, s.output)
         summary = {
             "best_restart": best,
             "returned_restart": chosen,

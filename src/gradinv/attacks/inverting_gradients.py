@@ -41,9 +41,13 @@ from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchS
 from gradinv.attacks.matching import cosine_distances, total_variation
 from gradinv.attacks.restarts import (
     Layout,
+    choose_restart,
     initial_dummies,
+    log_restarts,
+    loop_state,
     resolve_layout,
     restart_gradients,
+    resume_loop,
 )
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
@@ -99,12 +103,7 @@ class InvertingGradients(Attack):
         history: dict[str, list[tuple[int, float]]] = {}
         start, saved = 0, progress.load() if progress else None
         if saved is not None:
-            with torch.no_grad():
-                x.copy_(saved["x"])
-            opt.load_state_dict(saved["optimizer"])
-            sched.load_state_dict(saved["scheduler"])
-            generator.set_state(saved["generator"])
-            start, history = saved["iteration"], saved["history"]
+            start, history = resume_loop(saved, x, opt, sched, generator)
             progress.resumed(f"iteration {start}")
 
         for it in self.iterations(f"IG, {s.restarts} restart(s) {layout}", start, s.iterations):
@@ -124,27 +123,14 @@ class InvertingGradients(Attack):
                 with torch.no_grad():
                     x.data = torch.max(torch.min(x, high), low)
             if it % s.log_every == 0 or it == s.iterations - 1:
-                for r, value in enumerate(objective.tolist()):
-                    history.setdefault(f"loss_restart{r}", []).append((it, value))
+                log_restarts(history, it, objective)
             if progress and progress.due():
-                progress.save(
-                    {
-                        "iteration": it + 1,
-                        "x": x.detach().cpu(),
-                        "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(),
-                        "generator": generator.get_state(),
-                        "history": history,
-                    }
-                )
+                progress.save(loop_state(it + 1, x, opt, sched, generator, history))
 
         final = x.detach()
         distances_final = match(gradients(final, False)[0], generator).tolist()
         history["final_gradient_distance"] = list(enumerate(distances_final))
-        if not all(math.isfinite(d) for d in distances_final):
-            raise AttackFailed(f"non-finite final gradient distance: {distances_final}")
-        best = min(range(s.restarts), key=lambda r: distances_final[r])
-        chosen = best if s.output == "best" else s.restarts - 1
+        best, chosen = choose_restart(distances_final, s.output)
         images = denormalize(final[chosen].cpu(), meta.mean, meta.std).clamp(0, 1)
         return AttackResult(
             images=images,

@@ -24,12 +24,15 @@ floating-point rounding (``tests/test_restarts.py``), so the choice changes spee
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
+
+from gradinv.attacks.base import AttackFailed
 
 Layout = Literal["auto", "batched", "sequential"]
 
@@ -114,3 +117,58 @@ def initial_dummies(
     restart r starts where the r-th of R separate runs would, in either layout."""
     draws = [torch.randn(shape, generator=generator) for _ in range(restarts)]
     return torch.stack(draws).to(device)
+
+
+def loop_state(
+    iteration: int,
+    x: Tensor,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+    history: dict[str, list[tuple[int, float]]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """What an Adam loop over stacked restarts saves to resume bit for bit (``extra``: the
+    attack's own state, such as GI's group mean)."""
+    return {
+        "iteration": iteration,
+        "x": x.detach().cpu(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "generator": generator.get_state(),
+        "history": history,
+        **extra,
+    }
+
+
+def resume_loop(
+    saved: dict[str, Any],
+    x: Tensor,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+) -> tuple[int, dict[str, list[tuple[int, float]]]]:
+    """Restore what :func:`loop_state` saved; returns the next iteration and the history."""
+    with torch.no_grad():
+        x.copy_(saved["x"])
+    opt.load_state_dict(saved["optimizer"])
+    sched.load_state_dict(saved["scheduler"])
+    generator.set_state(saved["generator"])
+    return saved["iteration"], saved["history"]
+
+
+def log_restarts(
+    history: dict[str, list[tuple[int, float]]], iteration: int, objective: Tensor
+) -> None:
+    """Append each restart's objective to its loss curve (``loss_restart<r>``)."""
+    for r, value in enumerate(objective.tolist()):
+        history.setdefault(f"loss_restart{r}", []).append((iteration, value))
+
+
+def choose_restart(distances: list[float], output: str) -> tuple[int, int]:
+    """(the best restart by final gradient distance, the one returned: the best, or the last as
+    the GIFD code's ``choose_optimal`` does). A non-finite distance fails the attack."""
+    if not all(math.isfinite(d) for d in distances):
+        raise AttackFailed(f"non-finite final gradient distance: {distances}")
+    best = min(range(len(distances)), key=distances.__getitem__)
+    return best, len(distances) - 1 if output == "last" else best
