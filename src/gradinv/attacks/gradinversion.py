@@ -180,8 +180,9 @@ class GradInversion(Attack):
                 log_restarts(history, it, objective)
                 history.setdefault("group_spread", []).append((it, _spread(x.detach())))
             if progress and progress.due():
-                mean = None if anchor is None else anchor.cpu()
-                progress.save(loop_state(it + 1, x, opt, sched, generator, history, anchor=mean))
+                group_mean = None if anchor is None else anchor.cpu()
+                state = loop_state(it + 1, x, opt, sched, generator, history, anchor=group_mean)
+                progress.save(state)
 
         final = x.detach()
         distances = match(final, False)[0].tolist()
