@@ -70,6 +70,9 @@ def test_every_attack_runs_a_few_iterations_on_a_tiny_model(kind):
     assert result.images.min() >= 0 and result.images.max() <= 1
     assert result.labels.tolist() == [3]
     assert result.history
+    first = attack.speed["iterations"]
+    attack.reconstruct(server, update, torch.Generator().manual_seed(0))
+    assert attack.speed["iterations"] == first  # each run records its own, not a running sum
 
 
 @pytest.mark.parametrize("kind", ATTACKS.available())

@@ -284,3 +284,9 @@ def test_an_interrupted_eot_attack_resumes_to_the_same_reconstruction(tmp_path, 
     )
     assert torch.equal(resumed.images, expected.images)
     assert resumed.history == expected.history and resumed.summary == expected.summary
+
+
+def test_eot_against_censor_with_public_directions_says_it_is_not_implemented():
+    censor = build_defense("censor", {"source": "public"}, "test")
+    with pytest.raises(NotImplementedError, match="source: public"):
+        censor.attacker_samples({"w": torch.ones(3)}, 2, torch.Generator())

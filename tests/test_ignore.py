@@ -88,3 +88,22 @@ def test_ignoring_the_stochastic_layers_restores_the_reconstruction():
         quality[tuple(ignore)] = psnr(result.images, x)
     assert attack.matched_names == BEFORE
     assert quality[("@stochastic",)] > quality[()] + 5
+
+
+def test_restarts_of_a_model_that_draws_in_its_forward_run_in_both_layouts():
+    """vmap draws anew for each restart (randomness "different"), as the loop does."""
+    model, x, y = bottlenecked_cnn(), photo_patch(16)[None], torch.tensor([2])
+    loss = F.cross_entropy(model(normalize(x, MEAN, STD)), y)
+    named = list(model.named_parameters())
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    meta = PublicMeta("t", 1, (3, 16, 16), 10, MEAN, STD, "eval", "none", "none", {}, labels=(2,))
+    update = SharedUpdate({n: g for (n, _), g in zip(named, grads, strict=True)}, "gradient", meta)
+    server = ServerMessage(ModelSpec("bottlenecked", 10, 3, 16, {}), model.state_dict(), 0)
+    for layout in ("batched", "sequential"):
+        settings = {"iterations": 3, "restarts": 2, "restarts_layout": layout}
+        settings["ignore_layers"] = ["@stochastic"]
+        attack = build_attack("inverting_gradients", settings, ThreatModel(labels="known"), "a")
+        attack.server_model = lambda _server, _device=None: model
+        result = attack.reconstruct(server, update, torch.Generator().manual_seed(0))
+        assert result.summary["restarts_layout"] == layout
+        assert torch.isfinite(result.images).all()

@@ -52,12 +52,13 @@ class MatchSettings:
     ``layers``: glob patterns (``fnmatch``) of the parameter names to match, ``*`` for all;
     ``ignore_layers``: patterns dropped from those. Ignoring layers is the "Ignore" attack of the
     CVB paper (Section III-B) against PRECODE and CVB: leave out the gradients of the variational
-    bottleneck's decoder and of every later layer, whose gradients the random draw makes
-    stochastic. The pattern ``@stochastic`` names exactly those, for any architecture: the
-    parameters of every layer whose input changes between two forward passes of the same image
-    (:func:`gradinv.models.stochastic_parameters`); the server can find them, as it knows the
-    architecture. Matching fewer layers is also cheaper. The names matched are recorded with
-    every result.
+    bottleneck's decoder and of every later layer, whose gradients vary most with the random
+    draw (earlier layers' gradients depend on it too, through backpropagation, but less). The
+    pattern ``@stochastic`` names those layers without naming the architecture: the parameters
+    of every module whose input changes between two forward passes of the same image
+    (:func:`gradinv.models.stochastic_parameters`; a draw inside a module that also owns the
+    layers after it is not seen); the server can find them, as it knows the architecture.
+    Matching fewer layers is also cheaper. The names matched are recorded with every result.
 
     ``transform_aware``: the attacker passes its dummy gradient through the defense's
     deterministic transform before comparing it with the shared update, as the GGL and GIFD code
@@ -194,7 +195,10 @@ class Attack:
         self, server: ServerMessage, update: SharedUpdate, device: torch.device = CPU
     ) -> tuple[nn.Module, list[tuple[str, nn.Parameter]], list[Tensor]]:
         """What every attack starts from: the attacker's model, the parameters it matches and
-        the shared update as a gradient of those parameters, on ``device``."""
+        the shared update as a gradient of those parameters, on ``device``. It starts a run: what
+        the attack records of the last run (notes, speed) is reset."""
+        self.transform_note = self.eot_note = "off"
+        self.label_note, self.speed = "", {}
         model = self.server_model(server, device)
         named = self.matched_parameters(model, update.meta.image_shape)
         target = target_gradients(
@@ -252,7 +256,8 @@ class Attack:
 
     def iterations(self, desc: str, start: int, stop: int) -> Iterator[int]:
         """The attack's loop counter, with a progress bar; when the loop ends, its speed goes to
-        the log and to ``self.speed`` (iterations and seconds summed over all loops of a run)."""
+        the log and to ``self.speed`` (iterations and seconds summed over the loops of this run,
+        as run by this process: after a resume, those since the resume)."""
         began = time.perf_counter()
         done = 0
         for it in tqdm(range(start, stop), desc=desc, mininterval=5.0, leave=False):

@@ -192,13 +192,15 @@ class GradInversion(Attack):
             "best_restart": best,
             "returned_restart": chosen,
             "gradient_distance": distances[best],
+            "returned_gradient_distance": distances[chosen],
             "group_spread": _spread(final),
             "restarts_layout": layout,
         }
         images = final[chosen]
         if s.output == "group-mean":
             images = final.mean(0)
-            summary["gradient_distance"] = match(images[None], False)[0].item()
+            summary["returned_restart"] = None  # the group mean, not one restart
+            summary["returned_gradient_distance"] = match(images[None], False)[0].item()
         images = denormalize(images.cpu(), meta.mean, meta.std).clamp(0, 1)
         return AttackResult(images=images, labels=labels.cpu(), history=history, summary=summary)
 

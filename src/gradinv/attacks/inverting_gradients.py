@@ -8,7 +8,8 @@ the sign of the image gradient (the paper's choice).
 
 R restarts run together, stacked into one (R, B, C, H, W) tensor under one Adam (elementwise, so
 R independent runs), their parameter gradients computed in the layout ``restarts_layout`` picks
-(:mod:`gradinv.attacks.restarts`: one ``vmap`` pass on a GPU, a loop on the CPU). The result is
+(:mod:`gradinv.attacks.restarts`: one ``vmap`` pass, or a loop; ``auto`` takes the one measured
+faster for the model and device). The result is
 the restart whose final gradient distance is lowest (``output: best``). The GIFD code, which
 CENSOR runs, returns the *last* restart's image while reporting the best one's score
 (``choose_optimal``); ``output: last`` reproduces that.
@@ -140,6 +141,7 @@ class InvertingGradients(Attack):
                 "best_restart": best,
                 "returned_restart": chosen,
                 "gradient_distance": distances_final[best],
+                "returned_gradient_distance": distances_final[chosen],
                 "restarts_layout": layout,
             },
         )

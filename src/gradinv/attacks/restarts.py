@@ -80,7 +80,11 @@ def restart_gradients(
         def restart_loss(p: dict[str, Tensor], xr: Tensor) -> tuple[Tensor, Tensor]:
             return loss_of(functional_call(model, (p, buffers), (xr,)))
 
-        per_restart = vmap(grad(restart_loss, has_aux=True), in_dims=(None, 0))
+        # randomness="different": a model that draws in its forward (a variational bottleneck)
+        # draws anew for each restart, as the sequential loop does
+        per_restart = vmap(
+            grad(restart_loss, has_aux=True), in_dims=(None, 0), randomness="different"
+        )
 
         def batched(x: Tensor, create_graph: bool) -> tuple[list[Tensor], Tensor]:
             # torch.func.grad differentiates even under an outer no_grad; the outer autograd
@@ -114,7 +118,8 @@ def initial_dummies(
     restarts: int, shape: tuple[int, ...], generator: torch.Generator, device: torch.device
 ) -> Tensor:
     """R starting dummies from N(0, 1), drawn one restart after another on the CPU generator:
-    restart r starts where the r-th of R separate runs would, in either layout."""
+    restart r starts where the r-th of R separate runs would (without EOT, which draws from the
+    same generator during the runs), in either layout."""
     draws = [torch.randn(shape, generator=generator) for _ in range(restarts)]
     return torch.stack(draws).to(device)
 

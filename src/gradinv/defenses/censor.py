@@ -275,6 +275,12 @@ class Censor(Defense):
         Gaussian directions made orthogonal and norm-matched with this defense's ``projection``
         and ``scope``. No selection: the attacker lacks the client's batch that scores the
         candidates. The n directions of a layer come from one ``randn`` call."""
+        if self.settings.source == "public":
+            raise NotImplementedError(
+                "EOT against CENSOR with source: public is not implemented: its directions come "
+                "from gradients of public images, which these Gaussian samples would not "
+                "reproduce; attack that defense with eot_samples: 0"
+            )
         projection = self.settings.projection
         if self.settings.scope == "layer-wise":
             return {k: _orthogonal_samples(g, n, generator, projection) for k, g in grads.items()}

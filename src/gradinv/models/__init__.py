@@ -49,7 +49,9 @@ def stochastic_parameters(model: nn.Module, image_shape: tuple[int, ...]) -> set
     input differs between two forward passes of the same images under different random seeds.
 
     For a variational bottleneck (PRECODE, CVB) these are its decoder and every later layer, the
-    gradients the CVB paper's "Ignore" attack leaves out; a deterministic model has none. The
+    gradients the CVB paper's "Ignore" attack leaves out; a deterministic model has none. Only
+    the inputs of modules that own parameters are compared: a draw inside a module that also
+    owns the weights after it is not seen. The
     probe runs on a copy of ``model`` in its current mode, so batch-norm statistics and the global
     random state are untouched.
     """
@@ -76,7 +78,9 @@ def stochastic_parameters(model: nn.Module, image_shape: tuple[int, ...]) -> set
             for name, m in owners
         ]
         try:
-            with torch.random.fork_rng(devices=[param.device] if param.is_cuda else []):
+            # manual_seed reseeds every CUDA generator too: restore them all afterwards
+            cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+            with torch.random.fork_rng(devices=cuda):
                 torch.manual_seed(seed)
                 with torch.no_grad():
                     probe(images)
