@@ -41,6 +41,18 @@ def bottlenecked_cnn():
         ).eval()
 
 
+def bottlenecked_case():
+    """The model, one 16x16 photograph (label 2, known), the server's message and its gradient."""
+    model, x, y = bottlenecked_cnn(), photo_patch(16)[None], torch.tensor([2])
+    loss = F.cross_entropy(model(normalize(x, MEAN, STD)), y)
+    named = list(model.named_parameters())
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    meta = PublicMeta("t", 1, (3, 16, 16), 10, MEAN, STD, "eval", "none", "none", {}, labels=(2,))
+    update = SharedUpdate({n: g for (n, _), g in zip(named, grads, strict=True)}, "gradient", meta)
+    server = ServerMessage(ModelSpec("bottlenecked", 10, 3, 16, {}), model.state_dict(), 0)
+    return model, x, server, update
+
+
 BEFORE = ["0.weight", "0.bias", "2.weight", "2.bias", "5.encoder.weight", "5.encoder.bias"]
 AFTER = ["5.decoder.weight", "5.decoder.bias", "7.weight", "7.bias"]
 
@@ -72,13 +84,7 @@ def test_ignore_and_layers_resolve_the_pattern():
 
 def test_ignoring_the_stochastic_layers_restores_the_reconstruction():
     """Measured (seeds 0-2, 500 iterations): 15.7-16.4 dB ignoring them, 5.8-6.1 dB matching all."""
-    model, x, y = bottlenecked_cnn(), photo_patch(16)[None], torch.tensor([2])
-    loss = F.cross_entropy(model(normalize(x, MEAN, STD)), y)
-    named = list(model.named_parameters())
-    grads = torch.autograd.grad(loss, [p for _, p in named])
-    meta = PublicMeta("t", 1, (3, 16, 16), 10, MEAN, STD, "eval", "none", "none", {}, labels=(2,))
-    update = SharedUpdate({n: g for (n, _), g in zip(named, grads, strict=True)}, "gradient", meta)
-    server = ServerMessage(ModelSpec("bottlenecked", 10, 3, 16, {}), model.state_dict(), 0)
+    model, x, server, update = bottlenecked_case()
     quality = {}
     for ignore in ([], ["@stochastic"]):
         settings = {"iterations": 500, "restarts": 1, "ignore_layers": ignore}
@@ -92,13 +98,7 @@ def test_ignoring_the_stochastic_layers_restores_the_reconstruction():
 
 def test_restarts_of_a_model_that_draws_in_its_forward_run_in_both_layouts():
     """vmap draws anew for each restart (randomness "different"), as the loop does."""
-    model, x, y = bottlenecked_cnn(), photo_patch(16)[None], torch.tensor([2])
-    loss = F.cross_entropy(model(normalize(x, MEAN, STD)), y)
-    named = list(model.named_parameters())
-    grads = torch.autograd.grad(loss, [p for _, p in named])
-    meta = PublicMeta("t", 1, (3, 16, 16), 10, MEAN, STD, "eval", "none", "none", {}, labels=(2,))
-    update = SharedUpdate({n: g for (n, _), g in zip(named, grads, strict=True)}, "gradient", meta)
-    server = ServerMessage(ModelSpec("bottlenecked", 10, 3, 16, {}), model.state_dict(), 0)
+    model, _x, server, update = bottlenecked_case()
     for layout in ("batched", "sequential"):
         settings = {"iterations": 3, "restarts": 2, "restarts_layout": layout}
         settings["ignore_layers"] = ["@stochastic"]
