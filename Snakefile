@@ -1,5 +1,6 @@
 # gradinv: the whole pipeline at a glance. Each stage's rules live in workflow/rules/<stage>.smk:
 #   data     prepare a dataset once; partition it among the clients; pick each victim's batch
+#   generator  the attacker's generator (GGL, GIAS, GIFD): trained on public data, or fetched
 #   train    federated training under each defense, checkpoints per round
 #   capture  the update a victim shares, after its defense (what the server sees)
 #   attack   reconstruct the victim's images from that update; score them against the originals
@@ -8,7 +9,10 @@
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
 from gradinv.config import (
+    attack_generator_file,
     convergence_curves_k,
+    generator_files,
+    generator_names,
     job_settings,
     table_rounds,
     table_victims,
@@ -33,6 +37,7 @@ if workflow.is_main_process:
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/generator.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/attack.smk"

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from generative import few, ready
 from gradinv.attacks import ATTACKS, ThreatModel, build_attack
 from gradinv.attacks.eot import eot_distance
 from gradinv.attacks.matching import cosine_distance, cosine_distances, total_variation
@@ -255,8 +256,8 @@ def test_eot_against_a_deterministic_defense_is_the_attack_without_it():
 @pytest.mark.parametrize("kind", ATTACKS.available())
 def test_every_attack_can_run_eot_against_censor(kind):
     server, update = censored_case()
-    settings = {"iterations": 2, "restarts": 1, "eot_samples": 2, "eot_combine": "average-loss"}
-    a = build_attack(kind, settings, ThreatModel(labels="known"), where="a")
+    settings = few(kind, restarts=1, eot_samples=2, eot_combine="average-loss")
+    a = ready(build_attack(kind, settings, ThreatModel(labels="known"), where="a"))
     result = a.reconstruct(server, update, torch.Generator().manual_seed(0))
     assert torch.isfinite(result.images).all()
     assert a.eot_note == "2 samples of censor, average-loss"

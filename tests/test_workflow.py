@@ -82,7 +82,9 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
         for line in proc.stdout.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    assert counts["attack"] == 3 * 5 * 2 * 10  # datasets x defenses x attacks x victims
+    # datasets x defenses x attacks (IG, GI, GGL, GIAS, GIFD) x victims
+    assert counts["attack"] == 3 * 5 * 5 * 10
+    assert counts["fetch_generator"] == 2  # BigGAN (ImageNet, CIFAR-10), StyleGAN2 (FFHQ)
     assert counts["train"] == 3 * 5
 
 
@@ -117,15 +119,16 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     cfg = yaml.safe_load((root / "params.yaml").read_text())
     if overlay:
         # The overlay: 10 victims; Table III on ImageNet and FFHQ, the others on ImageNet.
-        eot, rounds, layer, trials = 2 * 2 * 10, 10 * 10 - 10, 10, 4 * 10
+        eot, rounds, layer, trials = 2 * 2 * 10, 10 * 10 - 10, 10, 5 * 10
         k = [10, 30, 50]
     else:
         v = {t: cfg["tables"][t]["victims"] for t in ("table3_eot", "table5_rounds")}
         eot, rounds = 2 * v["table3_eot"], 10 * v["table5_rounds"] - v["table5_rounds"]
-        layer, trials = v["table3_eot"], 4 * v["table3_eot"]
+        layer, trials = v["table3_eot"], 5 * v["table3_eot"]
         k = cfg["convergence"]["clients_per_round"]
-    # Attacks: Table III (censor x {ig, ig_eot}), Table V (rounds 1-9 beyond Table III's round
-    # 0), Table VII (the whole-model variant), Fig. 9 (four more T); shared runs counted once.
+    # Attacks: Table III (censor x {gifd, gifd_eot}), Table V (GIFD, rounds 1-9 beyond Table
+    # III's round 0), Table VII (the whole-model variant), Fig. 9 (GIAS, five T); shared runs
+    # counted once.
     assert counts["attack"] == eot + rounds + layer + trials
     assert counts["report"] == 4 and counts["report_convergence"] == 1
     # Convergence: one run per curve at the default K, plus Table VI's defenses at every K.
@@ -204,7 +207,7 @@ def test_tiny_end_to_end_run(tmp_path):
     assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi", "Censor"]
     for r in rows:
         assert r["dataset"] == "Patches"
-        for attack in ("IG", "GI"):
+        for attack in ("IG", "GI", "GIFD"):
             assert int(r[f"{attack} PSNR↓ n"]) == 2 and int(r[f"{attack} PSNR↓ failed"]) == 0
             assert 0 < float(r[f"{attack} PSNR↓ mean"]) < 60
         assert 0 <= float(r["IG MSE↑ mean"]) <= 1
@@ -234,7 +237,10 @@ def test_tiny_end_to_end_run(tmp_path):
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.kind' and r.lifecycle_stage = 'active' group by t.value"
         ).fetchall()
-    assert dict(runs) == {"train": 5, "attack": 20}  # 5 defenses x 2 victims x IG and GI
+    # 5 defenses x 2 victims x IG, GI and GIFD; GIFD's DCGAN, trained on the public split
+    assert dict(runs) == {"train": 5, "attack": 30, "train_generator": 1}
+    generator = load_tensors(root / "data/generators/dcgan/patches.pt")
+    assert generator["public_images"] > 0 and generator["provenance"]["partition_sha256"]
     # A second run has nothing to do: finished jobs are not recomputed.
     again = snakemake(
         "results/table1.csv", "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=root

@@ -79,7 +79,20 @@ def _cmd_capture(a: argparse.Namespace) -> None:
 def _cmd_attack(a: argparse.Namespace) -> None:
     from gradinv.stages.attack import run
 
-    run(_settings(a.settings), Path(a.capture), Path(a.out), job=a.out)
+    generator = Path(a.generator) if a.generator else None
+    run(_settings(a.settings), Path(a.capture), Path(a.out), job=a.out, generator_file=generator)
+
+
+def _cmd_train_generator(a: argparse.Namespace) -> None:
+    from gradinv.stages.generator import train
+
+    train(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), Path(a.out))
+
+
+def _cmd_fetch_generator(a: argparse.Namespace) -> None:
+    from gradinv.stages.generator import fetch
+
+    fetch(_settings(a.settings), Path(a.out))
 
 
 def _cmd_score(a: argparse.Namespace) -> None:
@@ -200,6 +213,17 @@ def parser() -> argparse.ArgumentParser:
     sp = verb("attack", _cmd_attack, "reconstruct a victim's images from a capture")
     sp.add_argument("--capture", required=True)
     sp.add_argument("--out", required=True)
+    sp.add_argument("--generator", help="the generator file (generative-prior attacks)")
+
+    sp = verb(
+        "train-generator", _cmd_train_generator, "train the attacker's generator on public data"
+    )
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--partition", required=True, help="holds the public split")
+    sp.add_argument("--out", required=True)
+
+    sp = verb("fetch-generator", _cmd_fetch_generator, "fetch and verify published weights")
+    sp.add_argument("--out", required=True)
 
     sp = verb("score", _cmd_score, "score a reconstruction and log the attack run")
     sp.add_argument("--reconstruction", required=True)
@@ -255,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one verb. Failures a user can act on end with one clear message and an exit code:
     2 a configuration error, 3 a corrupted or missing input file, and
     :data:`gradinv.resources.RESOURCE_EXIT_CODE` when memory or disk ran out."""
+    from gradinv.generators import WeightsError
     from gradinv.io import CorruptFileError
     from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
     from gradinv.settings import ConfigError
@@ -268,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gradinv {args.verb}: configuration error: {err}", file=sys.stderr)
         return 2
-    except (CorruptFileError, FileNotFoundError) as err:
+    except (CorruptFileError, FileNotFoundError, WeightsError) as err:
         print(f"gradinv {args.verb}: bad input: {err}", file=sys.stderr)
         return 3
     except (MemoryError, OSError, RuntimeError) as err:

@@ -16,6 +16,7 @@ import copy
 import difflib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,37 @@ def _registries() -> dict[str, Any]:
     from gradinv.attacks import ATTACKS
     from gradinv.data import DATASETS
     from gradinv.defenses import DEFENSES
+    from gradinv.generators import GENERATORS
     from gradinv.models import MODELS
 
-    return {"datasets": DATASETS, "models": MODELS, "defenses": DEFENSES, "attacks": ATTACKS}
+    return {
+        "datasets": DATASETS,
+        "models": MODELS,
+        "defenses": DEFENSES,
+        "attacks": ATTACKS,
+        "generators": GENERATORS,
+    }
+
+
+# The keys every generators.<name> block may have besides its kind's settings
+# (gradinv.generators.files explains them).
+_GENERATOR_KEYS = {
+    **_NAMED,
+    "datasets": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    "label_map": {
+        "type": "object",
+        "additionalProperties": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    },
+    "url": {"type": "string"},
+    "local_path": {"type": "string"},
+    "sha256": {"type": "string", "pattern": "^([0-9a-f]{64})?$"},
+    "source": {"type": "string"},
+    "attack_settings": {
+        "description": "per attack kind, settings that replace the attack's for this generator",
+        "type": "object",
+        "additionalProperties": {"type": "object"},
+    },
+}
 
 
 def full_schema() -> dict[str, Any]:
@@ -62,15 +91,16 @@ def full_schema() -> dict[str, Any]:
         "properties": sources,
         "additionalProperties": False,
     }
-    for section in ("models", "defenses", "attacks"):
+    for section in ("models", "defenses", "attacks", "generators"):
         reg = regs[section]
         instance = schema["properties"][section]["additionalProperties"]
         instance["properties"]["kind"] = {"enum": reg.available()}
+        common = _GENERATOR_KEYS if section == "generators" else _NAMED
         instance["allOf"] = [
             {
                 "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
                 "then": settings_schema(
-                    reg.get(kind).Settings, {"kind": {"const": kind}, **_NAMED}
+                    reg.get(kind).Settings, {"kind": {"const": kind}, **common}
                 ),
             }
             for kind in reg.available()
@@ -188,6 +218,25 @@ def _check_references(config: dict[str, Any], source: str) -> None:
             raise ConfigError(
                 f"{source}: tables.{table}.model: {spec['model']!r} is not defined under models."
             )
+    from gradinv.attacks import ATTACKS
+    from gradinv.settings import from_mapping
+
+    for name, block in config.get("generators", {}).items():
+        for kind, values in block.get("attack_settings", {}).items():
+            where = f"generators.{name}.attack_settings.{kind}"
+            if kind not in ATTACKS:
+                raise ConfigError(f"{source}: {where}: {kind!r} is not an attack kind.")
+            from_mapping(ATTACKS.get(kind).Settings, values, where=where)
+        for dataset in block["datasets"]:
+            if dataset not in config["data"]["sources"]:
+                raise ConfigError(
+                    f"{source}: generators.{name}.datasets: {dataset!r} is not defined under "
+                    "data.sources."
+                )
+    for spec in config["tables"].values():
+        for attack in spec["attacks"]:
+            for dataset in spec["datasets"]:
+                attack_generator(config, attack, dataset, source)
     conv = config["convergence"]
     for key, section, where in (
         ("dataset", config["data"]["sources"], "data.sources"),
@@ -215,6 +264,89 @@ def _check_references(config: dict[str, Any], source: str) -> None:
                 raise ConfigError(
                     f"{source}: convergence.{key}: {name!r} is not defined under defenses.{hint}"
                 )
+
+
+def attack_generator(
+    config: dict[str, Any], attack: str, dataset: str, source: str = "params.yaml"
+) -> str | None:
+    """The generator attack ``attack`` searches on ``dataset``: its ``generator`` setting, else
+    the one generator whose ``datasets`` list ``dataset``; None for an attack without one."""
+    from gradinv.attacks import ATTACKS
+
+    block = config["attacks"][attack]
+    if not getattr(ATTACKS.get(block["kind"]), "generative", False):
+        return None
+    generators = config.get("generators", {})
+    chosen = block.get("generator", "")
+    if chosen:
+        if chosen not in generators:
+            close = difflib.get_close_matches(chosen, generators, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source}: attacks.{attack}.generator: {chosen!r} is not defined under "
+                f"generators.{hint}"
+            )
+        if dataset not in generators[chosen]["datasets"]:
+            raise ConfigError(
+                f"{source}: attacks.{attack}.generator: {chosen} does not serve {dataset} "
+                f"(its datasets: {generators[chosen]['datasets']}); add {dataset} to them or "
+                "choose another generator."
+            )
+        return chosen
+    serving = [name for name, g in generators.items() if dataset in g["datasets"]]
+    if len(serving) != 1:
+        what = "no generator" if not serving else f"several generators ({', '.join(serving)})"
+        raise ConfigError(
+            f"{source}: attack {attack} searches a generator's latent space, but {what} list "
+            f"{dataset} under generators.<name>.datasets; list it under exactly one, or set "
+            f"attacks.{attack}.generator."
+        )
+    return serving[0]
+
+
+def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:
+    """Attack ``attack``'s settings on ``dataset``: its block, with the ``attack_settings`` its
+    generator gives for its kind (GIFD's radii for StyleGAN2, say)."""
+    block = config["attacks"][attack]
+    name = attack_generator(config, attack, dataset)
+    if name is None:
+        return block
+    return {**block, **config["generators"][name].get("attack_settings", {}).get(block["kind"], {})}
+
+
+def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> list[str]:
+    """The generator file an attack job reads (empty for an attack without a generator)."""
+    from gradinv.generators.files import generator_path
+
+    name = attack_generator(config, attack, dataset)
+    if name is None:
+        return []
+    return [generator_path(name, config["generators"][name], dataset)]
+
+
+def generator_names(config: dict[str, Any], trained: bool) -> str:
+    """A wildcard pattern of the generators that are trained here (or fetched), for the rules."""
+    from gradinv.generators import GENERATORS
+
+    names = [
+        name
+        for name, block in config.get("generators", {}).items()
+        if GENERATORS.get(block["kind"]).trainable == trained
+    ]
+    return "|".join(map(re.escape, names)) if names else "(?!)"
+
+
+def generator_files(config: dict[str, Any]) -> list[str]:
+    """Every generator file the tables' attacks read (dvc.yaml's `generators` stage)."""
+    return sorted(
+        {
+            path
+            for spec in config["tables"].values()
+            for attack in spec["attacks"]
+            for dataset in spec["datasets"]
+            for path in attack_generator_file(config, attack, dataset)
+        }
+    )
 
 
 def _check_combinations(config: dict[str, Any], source: str) -> None:
@@ -369,6 +501,16 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         src = config["data"]["sources"][w["dataset"]]
         out = {"dataset": w["dataset"], "settings": method_settings(src), "seed": config["seed"]}
         return _dump(out)
+    if stage == "generator":
+        return _dump(
+            {
+                **common,
+                "generator_name": w["generator"],
+                "generator": config["generators"][w["generator"]],
+                "dataset": w.get("dataset"),
+                "partition": config["partition"],
+            }
+        )
     if stage == "partition":
         return _dump({"partition": config["partition"], "seed": config["seed"]})
     if stage == "convergence_partition":
@@ -443,10 +585,18 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "attack_name": w["attack"],
             "threat_model": config["threat_model"],
         }
+        name = attack_generator(config, w["attack"], w.get("dataset", ""))
+        if name is not None:
+            out |= {
+                "attack": attack_block(config, w["attack"], w["dataset"]),
+                "generator_name": name,
+                "generator": config["generators"][name],
+                "dataset": w["dataset"],
+            }
     elif stage == "score":
         out |= {
             "metrics": config["metrics"],
-            "attack": config["attacks"][w["attack"]],
+            "attack": attack_block(config, w["attack"], w["dataset"]),
             "attack_name": w["attack"],
             "defense": config["defenses"][w["defense"]],
             "defense_name": w["defense"],

@@ -1,10 +1,12 @@
 rule attack:
     input:
-        f"results/captures/{RUN}/victim{{victim}}.pt",
+        capture=f"results/captures/{RUN}/victim{{victim}}.pt",
+        generator=lambda w: attack_generator_file(config, w.attack, w.dataset),
     output:
         f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
     params:
         settings=lambda w: job_settings(config, "attack", **w),
+        generator=lambda w, input: f"--generator {input.generator}" if input.generator else "",
     threads: config["threads_per_job"]
     resources:
         gpu=GPU_PER_JOB,
@@ -15,8 +17,8 @@ rule attack:
     benchmark:
         f"results/benchmarks/attack/{RUN}/{{attack}}/victim{{victim}}.tsv"
     shell:
-        "gradinv attack --settings {params.settings:q} --capture {input} --out {output} "
-        "> {log} 2>&1"
+        "gradinv attack --settings {params.settings:q} --capture {input.capture} --out {output} "
+        "{params.generator} > {log} 2>&1"
 
 
 rule score:

@@ -18,6 +18,9 @@ ATTACKS: Registry[type[Attack]] = Registry("attack")
 from gradinv.attacks import (  # noqa: E402, F401
     cpl,
     dlg,
+    ggl,
+    gias,
+    gifd,
     gradinversion,
     idlg,
     inverting_gradients,

@@ -35,7 +35,9 @@ from gradinv.data import (  # noqa: E402, F401
 from gradinv.data.partition import (  # noqa: E402
     PartitionSettings,
     partition_indices,
+    public_indices,
     read_partition,
+    read_public,
     write_partition,
 )
 from gradinv.data.prepared import (  # noqa: E402
@@ -57,6 +59,8 @@ __all__ = [
     "load_prepared",
     "partition_indices",
     "prepare_dataset",
+    "public_indices",
     "read_partition",
+    "read_public",
     "write_partition",
 ]

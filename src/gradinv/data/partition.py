@@ -13,6 +13,11 @@ a file and hashed like any other input. Schemes:
   than ``labels_per_client`` labels. Unlike McMahan's sort-and-cut, no shard straddles two labels.
 
 Every sample goes to exactly one client; each client's indices are sorted.
+
+The attacker's public data (what the generative-prior attacks train their generator on) is held
+out first: ``public_fraction`` of every class, drawn with the same seed, goes to no client
+(:func:`public_indices`). The victims are validation images, so the public split meets neither a
+client nor a victim.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class PartitionSettings:
     num_clients: int = bounded(10, ge=1)
     alpha: float = bounded(0.5, gt=0.0, doc="Dirichlet concentration; small = strong label skew")
     labels_per_client: int = bounded(2, ge=1, doc="shards scheme: labels (shards) per client")
+    public_fraction: float = bounded(
+        0.0, ge=0.0, lt=1.0, doc="share of each class held out of the clients as public data"
+    )
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -78,6 +86,22 @@ def partition_indices(
     else:
         raise ValueError(f"unknown partition scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
     return [sorted(int(i) for i in p) for p in parts]
+
+
+def public_indices(
+    labels: Sequence[int] | np.ndarray | torch.Tensor, fraction: float, seed: int
+) -> list[int]:
+    """The attacker's public split: ``fraction`` of each class (rounded down), seeded, sorted.
+
+    Drawn from its own generator (seed + 1), so the clients' split of the rest does not change
+    the public one."""
+    y = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels, dtype=np.int64)
+    rng = np.random.default_rng(seed + 1)
+    chosen = [
+        rng.permutation(np.flatnonzero(y == c))[: int(fraction * np.sum(y == c))]
+        for c in np.unique(y)
+    ]
+    return sorted(int(i) for i in np.concatenate(chosen)) if chosen else []
 
 
 def _dirichlet(y: np.ndarray, k: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -130,9 +154,12 @@ def _shards(y: np.ndarray, k: int, per_client: int, rng: np.random.Generator) ->
 
 
 def write_partition(
-    path: str | os.PathLike[str], parts: list[list[int]], meta: dict[str, Any]
+    path: str | os.PathLike[str],
+    parts: list[list[int]],
+    meta: dict[str, Any],
+    public: Sequence[int] = (),
 ) -> None:
-    """Write the client split as JSON, atomically."""
+    """Write the client split (and the public split no client holds) as JSON, atomically."""
     write_json(
         path,
         {
@@ -140,6 +167,7 @@ def write_partition(
             "num_clients": len(parts),
             "num_samples": sum(len(p) for p in parts),
             "clients": [[int(i) for i in p] for p in parts],
+            "public": [int(i) for i in public],
         },
     )
 
@@ -161,3 +189,21 @@ def read_partition(path: str | os.PathLike[str]) -> tuple[list[list[int]], dict[
             f"client count); delete it and rerun the partition step."
         )
     return parts, meta
+
+
+def read_public(path: str | os.PathLike[str]) -> list[int]:
+    """The public split of a partition file (train indices no client holds); checked disjoint."""
+    parts, _ = read_partition(path)
+    try:
+        public = [int(i) for i in read_json(path).get("public", [])]
+    except (TypeError, ValueError) as err:
+        raise CorruptFileError(
+            f"{path} has a malformed public split ({err!r}); rerun the partition step."
+        ) from err
+    shared = set(public) & {i for p in parts for i in p}
+    if shared:
+        raise CorruptFileError(
+            f"{path}: train image(s) {sorted(shared)[:5]} are both public and a client's; "
+            "delete it and rerun the partition step."
+        )
+    return public

@@ -17,7 +17,13 @@ from gradinv.resources import acquire_device
 from gradinv.stages.common import derive_seed, setup
 
 
-def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
+def run(
+    settings: dict[str, Any],
+    capture: Path,
+    out: Path,
+    job: str,
+    generator_file: Path | None = None,
+) -> None:
     setup(settings)
     data = load_tensors(capture)
     if data.get("status") == "failed":  # no update was shared (training failed upstream)
@@ -25,7 +31,8 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
         return
     server = ServerMessage.from_dict(data["server"])
     update = SharedUpdate.from_dict(data["update"])
-    progress = Progress.for_output(out, sha256_json([settings, sha256_file(capture)]))
+    inputs = [sha256_file(capture)] + ([sha256_file(generator_file)] if generator_file else [])
+    progress = Progress.for_output(out, sha256_json([settings, *inputs]))
     cfg = settings["attack"]
     attack = build_attack(
         cfg["kind"],
@@ -33,6 +40,14 @@ def run(settings: dict[str, Any], capture: Path, out: Path, job: str) -> None:
         ThreatModel(**settings["threat_model"]),
         where=f"attacks.{settings['attack_name']}",
     )
+    if getattr(attack, "generative", False):
+        from gradinv.generators.files import load_generator
+
+        name, block = settings["generator_name"], settings["generator"]
+        attack.use_generator(
+            load_generator(name, block, generator_file),
+            block.get("label_map", {}).get(settings["dataset"]),
+        )
     generator = torch.Generator().manual_seed(derive_seed(settings["seed"], "attack", job))
     started = time.perf_counter()
     result: dict[str, Any] = {"status": "ok", "failure": None}

@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.data import load_prepared, prepare_dataset
-from gradinv.data.partition import PartitionSettings, partition_indices, write_partition
+from gradinv.data.partition import (
+    PartitionSettings,
+    partition_indices,
+    public_indices,
+    write_partition,
+)
 from gradinv.settings import from_mapping
 
 
@@ -21,8 +26,11 @@ def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
 def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: Path) -> None:
     ds = load_prepared(dataset, prepared_dir)
     p = from_mapping(PartitionSettings, settings["partition"], where="partition")
+    public = public_indices(ds.train_labels, p.public_fraction, settings["seed"])
+    held = set(public)
+    rest = [i for i in range(len(ds.train_labels)) if i not in held]
     parts = partition_indices(
-        ds.train_labels,
+        ds.train_labels[rest],
         p.scheme,
         p.num_clients,
         settings["seed"],
@@ -31,11 +39,12 @@ def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: P
     )
     write_partition(
         out,
-        parts,
+        [[rest[i] for i in part] for part in parts],
         {
             "dataset": dataset,
             "data_sha256": ds.sha256,
             "seed": settings["seed"],
             **settings["partition"],
         },
+        public=public,
     )

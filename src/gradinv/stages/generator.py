@@ -1,0 +1,121 @@
+"""Stage: the attacker's generator. Train one on the public split, or fetch published weights.
+
+``train``: the generative-prior attacks at the embedded scale use a DCGAN trained here on the
+dataset's public split (``partition.public_fraction``: train images no client holds). The file
+records what produced it and is tracked by DVC; a grid of samples per class is drawn beside it.
+``fetch``: the full-scale generators (BigGAN, StyleGAN2) come as published weights, verified by
+sha256 before they are written where the attacks load them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradinv.data import load_prepared, read_partition, read_public
+from gradinv.generators.dcgan import train_dcgan
+from gradinv.generators.files import fetch_weights, own_settings, save_trained
+from gradinv.io import sha256_file, sha256_json
+from gradinv.progress import Progress
+from gradinv.settings import ConfigError
+from gradinv.stages.common import derive_seed, record, setup
+
+
+def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Path) -> None:
+    setup(settings)
+    name, block, dataset = settings["generator_name"], settings["generator"], settings["dataset"]
+    ds = load_prepared(dataset, prepared_dir)
+    _, meta = read_partition(partition)
+    if meta.get("data_sha256") != ds.sha256:
+        raise RuntimeError(f"{partition} was made from another version of {dataset}; rerun")
+    public = read_public(partition)
+    if not public:
+        raise ConfigError(
+            f"generators.{name}: the attacker has no public data of {dataset} to train on "
+            f"(partition.public_fraction is {settings['partition'].get('public_fraction', 0)}); "
+            "set partition.public_fraction above 0"
+        )
+    images, labels = ds.train_subset(public)
+    s = own_settings(name, block)
+    generator = torch.Generator().manual_seed(
+        derive_seed(settings["seed"], "generator", name, dataset)
+    )
+    progress = Progress.for_output(out, sha256_json([settings, ds.sha256, sha256_file(partition)]))
+    began = time.perf_counter()
+    model, history = train_dcgan(s, images, labels, ds.num_classes, generator, progress)
+    seconds = round(time.perf_counter() - began, 1)
+    provenance = record(settings, ds.sha256) | {"partition_sha256": sha256_file(partition)}
+    save_trained(
+        out,
+        name,
+        block["kind"],
+        model,
+        num_classes=ds.num_classes,
+        dataset=dataset,
+        classes=list(ds.classes),
+        public_images=len(public),
+        history=history,
+        seconds=seconds,
+        provenance=provenance,
+    )
+    progress.finish()
+    _draw_samples(model, ds.classes, out.with_name(f"{out.stem}_samples.png"), generator)
+    _track(settings, name, dataset, len(public), seconds, history, provenance, out)
+
+
+def fetch(settings: dict[str, Any], out: Path) -> None:
+    fetch_weights(settings["generator_name"], settings["generator"], out)
+
+
+def _draw_samples(model: Any, classes: Any, path: Path, generator: torch.Generator) -> None:
+    """Eight samples of every class (one row per class), to judge the generator by eye."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradinv.io import atomic_path
+
+    rows = max(model.num_classes, 1)
+    labels = torch.arange(rows).repeat_interleave(8)
+    with torch.no_grad():
+        z = torch.randn(len(labels), *model.latent_shape, generator=generator)
+        images = (model(z, labels) + 1) / 2
+    fig, axes = plt.subplots(rows, 8, figsize=(8, rows), squeeze=False)
+    for ax, image in zip(axes.flat, images, strict=True):
+        ax.imshow(image.permute(1, 2, 0).clamp(0, 1).numpy())
+        ax.axis("off")
+    for r in range(rows):
+        axes[r, 0].set_title(str(classes[r]) if model.num_classes else "", fontsize=6, loc="left")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _track(
+    settings: dict[str, Any],
+    name: str,
+    dataset: str,
+    public: int,
+    seconds: float,
+    history: dict[str, list[tuple[int, float]]],
+    provenance: dict[str, Any],
+    out: Path,
+) -> None:
+    from gradinv.stages.tracking import log_job
+
+    key = f"{dataset}/{name}"
+    log_job(
+        settings,
+        kind="train_generator",
+        run_name=f"generator {key}",
+        job_key=f"generator/{key}",
+        params={"generator": settings["generator"], "public_images": public},
+        metrics={k: v[-1][1] for k, v in history.items() if v} | {"seconds": seconds},
+        history=history,
+        summary={"status": "ok", **provenance},
+        artifacts={"samples": out.with_name(f"{out.stem}_samples.png")},
+    )
