@@ -177,6 +177,25 @@ def test_the_shipped_params_and_overlay_are_valid():
             broken("threat_model.bn_statistics", True),
             r"threat_model.bn_statistics: true needs batch-norm layers, but .* 'cnn3' has none",
         ),
+        # The generators of the generative-prior attacks.
+        (broken("generators.dcgan.datasets", ["digits"]), r"no generator list patches"),
+        (broken("generators.dcgan.datasets", ["patchez"]), r"generators.dcgan.datasets: 'patchez'"),
+        (broken("attacks.gifd.generator", "dcgann"), r"attacks.gifd.generator: 'dcgann' .*'dcgan'"),
+        (broken("generators.dcgan.kind", "dcgann"), r"generators.dcgan.kind: 'dcgann' is not one"),
+        (broken("generators.dcgan.steps", 0), r"generators.dcgan.steps: 0 is out of range"),
+        (broken("generators.dcgan.sha256", "abc"), r"generators.dcgan.sha256: .*does not match"),
+        (
+            broken("generators.dcgan.attack_settings", {"gifd": {"stagez": 2}}),
+            r"generators.dcgan.attack_settings.gifd.stagez",
+        ),
+        (
+            broken("generators.dcgan.attack_settings", {"gifx": {}}),
+            r"attack_settings.gifx: 'gifx' is not an attack kind",
+        ),
+        (
+            broken("partition.public_fraction", 1.0),
+            r"partition.public_fraction: 1.0 is out of range",
+        ),
     ],
 )
 def test_bad_configurations_fail_with_a_message_naming_the_key(cfg, message):

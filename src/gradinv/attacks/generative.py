@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +27,10 @@ from torch import Tensor
 
 from gradinv.attacks.base import CPU, Attack, AttackFailed, GradientMatch, MatchSettings
 from gradinv.attacks.matching import cosine_distances, euclidean_distances
-from gradinv.attacks.restarts import RestartGradients, resolve_layout, restart_gradients
+from gradinv.attacks.restarts import Layout, RestartGradients, resolve_layout, restart_gradients
 from gradinv.generators import Generator
 from gradinv.protocol import ServerMessage, SharedUpdate
+from gradinv.settings import bounded
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class PriorSettings(MatchSettings):
     """Settings every generative-prior attack has besides the matching ones."""
 
     generator: str = ""  # a generators.<name>; empty: the one that serves the attacked dataset
+    output: Literal["best", "last"] = "best"  # restart returned (last: the GIFD code's)
+    restarts_layout: Layout = "auto"  # candidates' gradients: one vmap pass, or a loop
+    log_every: int = bounded(25, ge=1)
 
 
 def layer_mean_l2(samples: list[Tensor], target: list[Tensor]) -> Tensor:

@@ -42,7 +42,7 @@ from torch import Tensor
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, AttackFailed, AttackResult
 from gradinv.attacks.generative import GenerativeAttack, PriorSettings
-from gradinv.attacks.restarts import Layout, choose_restart
+from gradinv.attacks.restarts import choose_restart
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
 from gradinv.settings import bounded
@@ -67,9 +67,6 @@ class GGL(GenerativeAttack):
         squash: bool = True  # tanh on the latent
         kl: float = bounded(0.0, ge=0.0, doc="weight of the latent's KL term (GIFD code: 0.1)")
         distance: Literal["l2", "cosine"] = "l2"
-        output: Literal["best", "last"] = "best"
-        restarts_layout: Layout = "auto"
-        log_every: int = bounded(25, ge=1)
 
     def reconstruct(
         self,

@@ -39,7 +39,7 @@ from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, AttackFailed, AttackResult
 from gradinv.attacks.generative import GenerativeAttack, PriorSettings
 from gradinv.attacks.matching import total_variation
-from gradinv.attacks.restarts import Layout, choose_restart
+from gradinv.attacks.restarts import choose_restart
 from gradinv.generators import Generator
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
@@ -75,9 +75,6 @@ class GIAS(GenerativeAttack):
         distance: Literal["cosine", "l2"] = "cosine"
         restarts: int = bounded(4, ge=1)
         param_start: Literal["own", "best"] = "own"
-        output: Literal["best", "last"] = "best"
-        restarts_layout: Layout = "auto"
-        log_every: int = bounded(25, ge=1)
 
     def reconstruct(
         self,

@@ -38,7 +38,7 @@ from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, AttackFailed, AttackResult
 from gradinv.attacks.generative import GenerativeAttack, PriorSettings
 from gradinv.attacks.matching import total_variation
-from gradinv.attacks.restarts import Layout, choose_restart
+from gradinv.attacks.restarts import choose_restart
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
 from gradinv.settings import bounded
@@ -102,9 +102,6 @@ class GIFD(GenerativeAttack):
         image_norm: float = bounded(1e-6, ge=0.0)
         distance: Literal["cosine", "l2"] = "cosine"
         restarts: int = bounded(4, ge=1)
-        output: Literal["best", "last"] = "best"
-        restarts_layout: Layout = "auto"
-        log_every: int = bounded(25, ge=1)
 
     def reconstruct(
         self,
