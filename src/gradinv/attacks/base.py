@@ -158,6 +158,11 @@ class Attack:
     ) -> AttackResult:
         raise NotImplementedError
 
+    @classmethod
+    def budget(cls, settings: Any) -> str:
+        """What one run of these settings costs, for the tables' notes."""
+        return f"{settings.restarts} restart(s) x {settings.iterations} iterations"
+
     def matched_parameters(
         self, model: nn.Module, image_shape: tuple[int, ...] | None = None
     ) -> list[tuple[str, nn.Parameter]]:

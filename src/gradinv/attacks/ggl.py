@@ -68,6 +68,13 @@ class GGL(GenerativeAttack):
         kl: float = bounded(0.0, ge=0.0, doc="weight of the latent's KL term (GIFD code: 0.1)")
         distance: Literal["l2", "cosine"] = "l2"
 
+    @classmethod
+    def budget(cls, settings: Settings) -> str:
+        return (
+            f"{settings.restarts} restart(s) x {settings.budget} CMA-ES generations of "
+            f"{settings.population}"
+        )
+
     def reconstruct(
         self,
         server: ServerMessage,

@@ -76,6 +76,13 @@ class GIAS(GenerativeAttack):
         restarts: int = bounded(4, ge=1)
         param_start: Literal["own", "best"] = "own"
 
+    @classmethod
+    def budget(cls, settings: Settings) -> str:
+        return (
+            f"{settings.restarts} restart(s) x ({settings.latent_iterations} latent + "
+            f"{settings.param_iterations} weight steps)"
+        )
+
     def reconstruct(
         self,
         server: ServerMessage,

@@ -103,6 +103,11 @@ class GIFD(GenerativeAttack):
         distance: Literal["cosine", "l2"] = "cosine"
         restarts: int = bounded(4, ge=1)
 
+    @classmethod
+    def budget(cls, settings: Settings) -> str:
+        stages = settings.stages or "all"
+        return f"{settings.restarts} restart(s) x {stages} stages x {settings.iterations} steps"
+
     def reconstruct(
         self,
         server: ServerMessage,

@@ -43,11 +43,7 @@ def run(
     note = ""
     if settings["scale"] == "embedded":
         cap = settings["capture"]
-        runs = "; ".join(
-            f"{cfg['label']}: {cfg.get('restarts', 1)} restart(s) x "
-            f"{cfg.get('iterations', '?')} iterations"
-            for cfg in attack_cfgs.values()
-        )
+        runs = "; ".join(f"{cfg['label']}: {_budget(cfg)}" for cfg in attack_cfgs.values())
         note = (
             f"{spec['scaled_down_note'].strip()} This run: {n_victims} victims, "
             f"batch size {cap['batch_size']}, round(s) {', '.join(map(str, rounds))}; {runs}."
@@ -104,3 +100,13 @@ def _grid(
             )
         )
     reconstruction_grid(entries, out)
+
+
+def _budget(cfg: dict[str, Any]) -> str:
+    """An attack's cost per run as its own class describes it (restarts x iterations, ...)."""
+    from gradinv.attacks import ATTACKS
+    from gradinv.config import method_settings
+    from gradinv.settings import from_mapping
+
+    cls = ATTACKS.get(cfg["kind"])
+    return cls.budget(from_mapping(cls.Settings, method_settings(cfg), where=cfg["label"]))
