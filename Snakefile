@@ -6,6 +6,7 @@
 #   attack   reconstruct the victim's images from that update; score them against the originals
 #   report   paper tables, figures and the comparison with the published numbers
 #   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
+#   utility  FL training under each defense: its accuracy beside no defense (utility.csv)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
 from gradinv.config import (
@@ -43,6 +44,7 @@ include: "workflow/rules/capture.smk"
 include: "workflow/rules/attack.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/convergence.smk"
+include: "workflow/rules/utility.smk"
 
 
 onstart:
@@ -61,6 +63,7 @@ rule all:
         expand("results/{table}.csv", table=config["tables"]),
         "results/fig7_accuracy.png",
         "results/table6_clients.csv",
+        "results/utility.csv",
         ["results/fig10_public.png"] if "fig10_public" in config["tables"] else [],
 
 

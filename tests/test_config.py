@@ -96,8 +96,8 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"metrics.lpips_net: 'resnet' is not one of vgg, alex",
         ),
         (
-            broken("tables.table1.defenses", ["none", "soteria"]),
-            r"tables.table1.defenses: 'soteria' is not defined under defenses",
+            broken("tables.table1.defenses", ["none", "sotera"]),
+            r"tables.table1.defenses: 'sotera' is not defined under defenses. Did you mean 'soteria'",
         ),
         (
             broken("tables.table1.model", "vgg"),
@@ -173,6 +173,17 @@ def test_the_shipped_params_and_overlay_are_valid():
             broken("convergence.official_loop.step_lr", 0),
             r"convergence.official_loop.step_lr",
         ),
+        (broken("utility.fl.round", 5), r"utility.fl.round: unknown key. Did you mean"),
+        (
+            broken("utility.defenses", ["none", "dp_sdg"]),
+            r"utility.defenses: 'dp_sdg' is not defined under defenses. Did you mean 'dp_sgd'",
+        ),
+        (broken("utility.model", "resnet"), r"utility.model: 'resnet' is not defined under models"),
+        (
+            broken("defenses.quantization.bits", 33),
+            r"defenses.quantization.bits: 33 is out of range",
+        ),
+        (broken("defenses.cvb.kl", "bits"), r"defenses.cvb.kl"),
         (
             broken("threat_model.bn_statistics", True),
             r"threat_model.bn_statistics: true needs batch-norm layers, but .* 'cnn3' has none",
@@ -262,6 +273,18 @@ def test_convergence_jobs_get_the_studys_partition_and_fl():
     assert train["fl"]["rounds"] == conv["fl"]["rounds"]
     assert train["fl"]["checkpoint_rounds"] == [conv["fl"]["rounds"]]
     assert train["fl"]["lr"] == PARAMS["fl"]["lr"]  # not overridden: taken from `fl`
+
+
+def test_utility_jobs_train_with_the_studys_fl_and_keep_the_last_model():
+    cfg = validate(copy.deepcopy(PARAMS))
+    key = {"dataset": "patches", "model": "cnn3", "defense": "dp_sgd"}
+    job = json.loads(job_settings(cfg, "utility_train", **key))
+    study = PARAMS["utility"]["fl"]
+    assert job["fl"]["rounds"] == study["rounds"] and job["fl"]["checkpoint_rounds"] == [
+        study["rounds"]
+    ]
+    assert job["fl"]["batch_size"] == PARAMS["fl"]["batch_size"]  # the rest from `fl`
+    assert job["partition"] == PARAMS["partition"] and job["defense"] == cfg["defenses"]["dp_sgd"]
 
 
 def test_the_official_loop_runs_without_partition_or_fl():

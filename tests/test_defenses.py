@@ -12,15 +12,19 @@ from gradinv.protocol import ModelSpec
 SPEC = ModelSpec("cnn3", num_classes=5, in_channels=3, image_size=16, settings={})
 
 
-def _setup():
-    model = build_model(SPEC, seed=0)
+def _setup(kind="none", settings=None):
+    """A 3-layer CNN (extended by ``kind`` if it is architectural), a batch and its labels."""
+    spec = SPEC
+    if DEFENSES.get(kind).architectural:
+        spec = dataclasses.replace(SPEC, extension={"kind": kind, "settings": settings or {}})
+    model = build_model(spec, seed=0)
     x, y = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 4])
     return model, x, y
 
 
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_keeps_names_shapes_and_dtypes(kind):
-    model, x, y = _setup()
+    model, x, y = _setup(kind)
     defense = build_defense(kind, {}, where=f"defenses.{kind}", update_lr=0.1)
     shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
     names = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -32,7 +36,7 @@ def test_every_defense_keeps_names_shapes_and_dtypes(kind):
 
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_is_deterministic_given_the_generator(kind):
-    model, x, y = _setup()
+    model, x, y = _setup(kind)
     defense = build_defense(kind, {}, where="d", update_lr=0.1)
     a = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
     b = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
@@ -128,3 +132,171 @@ def test_negative_noise_std_is_rejected():
 
     with pytest.raises(ConfigError, match=r"defenses.noise.std: -0.1 is out of range"):
         build_defense("gaussian_noise", {"std": -0.1}, where="defenses.noise")
+
+
+def test_laplace_noise_has_the_configured_scale():
+    grads = {"w": torch.zeros(200_000)}
+    shared = build_defense("laplace_noise", {"scale": 0.05}, "d").transform(
+        grads, torch.Generator().manual_seed(0)
+    )["w"]
+    # Laplace(0, b): E|x| = b and Var x = 2 b^2
+    assert abs(shared.abs().mean().item() - 0.05) < 0.001
+    assert abs(shared.var().item() - 2 * 0.05**2) < 2e-4
+    assert abs(shared.mean().item()) < 0.001
+
+
+@pytest.mark.parametrize("kind", ["gaussian_noise", "laplace_noise"])
+def test_noise_samples_for_eot_stay_differentiable(kind):
+    g = torch.zeros(5, requires_grad=True)
+    drawn = build_defense(kind, {}, "d").attacker_samples({"w": g}, 3, torch.Generator())
+    assert drawn["w"].shape == (3, 5)
+    drawn["w"].sum().backward()
+    assert torch.equal(g.grad, torch.full((5,), 3.0))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 8])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_quantized_tensors_take_at_most_two_to_the_bits_values(bits, rounding):
+    model, x, y = _setup()
+    true = gradients_of(model, x, y, F.cross_entropy)
+    defense = build_defense("quantization", {"bits": bits, "rounding": rounding}, "d")
+    shared = defense.transform(true, torch.Generator().manual_seed(0))
+    for n, g in true.items():
+        assert shared[n].unique().numel() <= 2**bits
+        assert shared[n].min() == g.min() and shared[n].max() == g.max()  # the range is kept
+        step = (g.max() - g.min()).double() / (2**bits - 1)
+        error = (shared[n] - g).abs().max().item()
+        assert error <= (0.5 if rounding == "nearest" else 1.0) * step.item() * (1 + 1e-6)
+
+
+def test_thirty_two_bit_quantization_keeps_a_float32_gradient():
+    g = {"w": torch.randn(1000)}
+    shared = build_defense("quantization", {"bits": 32}, "d").transform(g, torch.Generator())
+    assert torch.allclose(shared["w"], g["w"], atol=1e-6)
+
+
+def test_stochastic_rounding_is_unbiased():
+    g = torch.tensor([0.0, 0.3, 1.0])  # 1 bit: levels 0 and 1; 0.3 rounds up 30% of the time
+    defense = build_defense("quantization", {"bits": 1, "rounding": "stochastic"}, "d")
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([defense.transform({"w": g}, gen)["w"] for _ in range(4000)])
+    assert abs(draws[:, 1].mean().item() - 0.3) < 0.03
+    assert defense.randomized and not build_defense("quantization", {}, "d").randomized
+
+
+def test_the_attacker_quantizes_straight_through():
+    defense = build_defense("quantization", {"bits": 2}, "d")
+    view = defense.attacker_transform({}, "configured")
+    g = torch.linspace(0, 1, 7, requires_grad=True)
+    out = view({"w": g})["w"]
+    assert out.unique().numel() <= 4
+    out.sum().backward()
+    assert torch.equal(g.grad, torch.ones(7))
+
+
+BOTTLENECKS = [
+    ("precode", {}, "cnn3", {}),
+    ("precode", {"kl": "paper"}, "resnet18", {"width": 8}),
+    ("cvb", {}, "cnn3", {}),
+    ("cvb", {"kl": "paper"}, "lenet", {}),
+    ("cvb", {}, "resnet18", {"width": 8, "norm": "group"}),
+    (
+        "cvb",
+        {"beta": 1e-3, "kernel_size": 3},
+        "vit",
+        {"num_layers": 2, "hidden_dim": 16, "num_heads": 2, "mlp_dim": 32, "patch_size": 4},
+    ),
+    (
+        "precode",
+        {"size": 32},
+        "vit",
+        {"num_layers": 2, "hidden_dim": 16, "num_heads": 2, "mlp_dim": 32, "patch_size": 4},
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "settings", "model", "model_settings"), BOTTLENECKS)
+def test_a_bottleneck_keeps_the_shape_and_its_kl_is_positive_and_falls(
+    kind, settings, model, model_settings
+):
+    from gradinv.defenses.bottleneck import VariationalBottleneck
+    from gradinv.models import auxiliary_loss
+
+    # beta 1: the KL's weight lets it count against the cross-entropy on one fixed batch (with
+    # the defaults, a model that memorises four images gains more than the KL costs)
+    settings = {**settings, "beta": 1.0}
+    extension = {"kind": kind, "settings": settings}
+    spec = ModelSpec(model, 5, 3, 16, model_settings, extension=extension)
+    net = build_model(spec, seed=0)
+    plain = build_model(dataclasses.replace(spec, extension=None), seed=0)
+    (vb,) = [m for m in net.modules() if isinstance(m, VariationalBottleneck)]
+    seen = []
+    vb.register_forward_hook(lambda _m, args, out: seen.append((args[0].shape, out.shape)))
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    assert net(x).shape == plain(x).shape == (4, 5)
+    assert seen[0][0] == seen[0][1]  # the bottleneck's output has its input's shape
+    defense = build_defense(kind, settings, "d")
+    kls = []
+    for step in range(40):
+        grads = defense.shared_update(
+            net, x, y, F.cross_entropy, torch.Generator().manual_seed(step)
+        )
+        with torch.no_grad():
+            net(x)
+            kls.append(float(auxiliary_loss(net)) / vb.beta)
+            for n, p in net.named_parameters():
+                p -= 0.002 * grads[n]
+    assert min(kls) > 0
+    assert sum(kls[-5:]) < sum(kls[:5])  # training lowers the KL term
+
+
+def test_the_bottleneck_draws_anew_in_every_pass_and_its_gradient_includes_the_kl():
+    from gradinv.models import auxiliary_loss
+
+    model, x, y = _setup("cvb")
+    model.eval()  # the draw happens in eval mode too, as in the PRECODE and CVB code
+    assert not torch.equal(model(x), model(x))
+    auxiliary_loss(model)
+    defense = build_defense("cvb", {}, "d")
+    shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    with torch.random.fork_rng():
+        torch.manual_seed(
+            int(torch.randint(2**62, (1,), generator=torch.Generator().manual_seed(0)))
+        )
+        ce = F.cross_entropy(model(x), y)
+        kl = auxiliary_loss(model)
+        params = [p for _, p in model.named_parameters()]
+        expected = torch.autograd.grad(ce + kl, params)
+    for (n, _), g in zip(model.named_parameters(), expected, strict=True):
+        assert torch.allclose(shared[n], g)
+    assert kl > 0
+
+
+def test_an_extended_model_is_what_the_server_sends_and_the_attacker_rebuilds():
+    from gradinv.protocol import ServerMessage
+
+    model, _, _ = _setup("precode")
+    spec = dataclasses.replace(SPEC, extension={"kind": "precode", "settings": {}})
+    msg = ServerMessage.from_dict(ServerMessage(spec, model.state_dict(), 0).to_dict())
+    rebuilt = build_model(msg.model)
+    rebuilt.load_state_dict(msg.state)  # the same parameter names: the attacker's copy loads
+    assert any("encoder" in n for n, _ in rebuilt.named_parameters())
+
+
+def test_a_cvb_on_a_transformer_needs_a_square_hidden_size():
+    spec = ModelSpec(
+        "vit",
+        5,
+        3,
+        16,
+        {"hidden_dim": 24, "num_heads": 2, "num_layers": 1},
+        extension={"kind": "cvb", "settings": {}},
+    )
+    with pytest.raises(ValueError, match="not a square"):
+        build_model(spec)
+
+
+def test_a_bottleneck_at_an_unknown_position_names_the_modules():
+    spec = dataclasses.replace(SPEC, extension={"kind": "cvb", "settings": {"position": "nope"}})
+    with pytest.raises(ValueError, match="has no module 'nope'; its modules are: 0, 1"):
+        build_model(spec)

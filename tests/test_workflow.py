@@ -82,10 +82,10 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
         for line in proc.stdout.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    # datasets x defenses x attacks (IG, GI, GGL, GIAS, GIFD) x victims
-    assert counts["attack"] == 3 * 5 * 5 * 10
+    # datasets x defenses (Table I's six) x attacks (IG, GI, GGL, GIAS, GIFD) x victims
+    assert counts["attack"] == 3 * 6 * 5 * 10
     assert counts["fetch_generator"] == 2  # BigGAN (ImageNet, CIFAR-10), StyleGAN2 (FFHQ)
-    assert counts["train"] == 3 * 5
+    assert counts["train"] == 3 * 6
 
 
 CENSOR_TARGETS = (
@@ -147,6 +147,47 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     assert counts["train_convergence_official"] == len(conv["official_loop"]["defenses"])
 
 
+@pytest.mark.parametrize("overlay", [None, PAPER], ids=["default", "paper"])
+def test_utility_dry_run_trains_every_defense_once(tmp_path, overlay):
+    root = workflow_copy(tmp_path)
+    args = ["-n", "results/utility.csv", "--cores", "1", "--quiet", "rules"]
+    if overlay:
+        args += ["--configfile", overlay]
+    proc = snakemake(*args, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    defenses = yaml.safe_load((root / "params.yaml").read_text())["utility"]["defenses"]
+    assert counts["train_utility"] == len(defenses) and counts["report_utility"] == 1
+    assert "train" not in counts  # the utility runs are their own, with the study's FL setting
+
+
+@pytest.mark.slow
+def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
+    root = workflow_copy(tmp_path)
+    tiny = "tests/configs/tiny.yaml"
+    proc = snakemake("results/utility.csv", "--cores", "2", "--configfile", tiny, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    table = pd.read_csv(root / "results/utility.csv")
+    cfg = yaml.safe_load((root / "params.yaml").read_text())
+    assert list(table["defense"]) == cfg["utility"]["defenses"]
+    assert (table["status"] == "ok").all() and table["accuracy"].between(0, 100).all()
+    reference = table.set_index("defense").loc["none", "accuracy"]
+    assert table["relative_accuracy"].round(6).equals((table["accuracy"] / reference).round(6))
+    dp = table.set_index("defense").loc["dp_sgd"]
+    assert 0 < dp["epsilon"] < float("inf")
+    assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
+    summary = json.loads((root / "results/utility/patches/cnn3/cvb/summary.json").read_text())
+    assert summary["status"] == "ok"
+    from gradinv.io import load_tensors
+
+    # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
+    saved = load_tensors(root / "results/utility/patches/cnn3/cvb/final.pt")
+    assert saved["model"]["extension"]["kind"] == "cvb"
+    assert any("decoder" in k for k in saved["state"])
+    md = (root / "results/utility.md").read_text()
+    assert "SCALED-DOWN" in md and "PRECODE" in md
+
+
 def test_lint_is_clean():
     proc = snakemake("--lint", "--cores", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -204,7 +245,8 @@ def test_tiny_end_to_end_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = list(csv.DictReader((root / "results/table1.csv").open()))
-    assert [r["defense"] for r in rows] == ["No Defense", "Noise", "Clipping", "Sparsi", "Censor"]
+    labels = ["No Defense", "Noise", "Clipping", "Sparsi", "Soteria", "Censor"]
+    assert [r["defense"] for r in rows] == labels
     for r in rows:
         assert r["dataset"] == "Patches"
         for attack in ("IG", "GI", "GIFD"):
@@ -237,8 +279,8 @@ def test_tiny_end_to_end_run(tmp_path):
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.kind' and r.lifecycle_stage = 'active' group by t.value"
         ).fetchall()
-    # 5 defenses x 2 victims x IG, GI and GIFD; GIFD's DCGAN, trained on the public split
-    assert dict(runs) == {"train": 5, "attack": 30, "train_generator": 1}
+    # 6 defenses x 2 victims x IG, GI and GIFD; GIFD's DCGAN, trained on the public split
+    assert dict(runs) == {"train": 6, "attack": 36, "train_generator": 1}
     generator = load_tensors(root / "data/generators/dcgan/patches.pt")
     assert generator["public_images"] > 0 and generator["provenance"]["partition_sha256"]
     # A second run has nothing to do: finished jobs are not recomputed.

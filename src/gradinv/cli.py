@@ -134,6 +134,12 @@ def _cmd_report_convergence(a: argparse.Namespace) -> None:
     )
 
 
+def _cmd_report_utility(a: argparse.Namespace) -> None:
+    from gradinv.stages.utility import run
+
+    run(_settings(a.settings), [Path(p) for p in a.summaries], Path(a.out_dir))
+
+
 def _cmd_report_public(a: argparse.Namespace) -> None:
     from gradinv.stages.public import run
 
@@ -253,6 +259,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--official", nargs="*", default=[], help="summaries of the official code's loop"
     )
+    sp.add_argument("--out-dir", required=True)
+
+    sp = verb(
+        "report-utility",
+        _cmd_report_utility,
+        "render the utility table (each defense's accuracy beside no defense) from summaries",
+    )
+    sp.add_argument("--summaries", nargs="+", required=True)
     sp.add_argument("--out-dir", required=True)
 
     sp = verb(

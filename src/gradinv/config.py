@@ -246,11 +246,30 @@ def _check_references(config: dict[str, Any], source: str) -> None:
             raise ConfigError(
                 f"{source}: convergence.{key}: {conv[key]!r} is not defined under {where}."
             )
-    unknown = sorted(set(conv["fl"]) - set(config["fl"]))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
-        raise ConfigError(f"{source}: convergence.fl.{unknown[0]}: unknown key.{hint}")
+    utility = config["utility"]
+    for section, study in (("convergence", conv), ("utility", utility)):
+        unknown = sorted(set(study["fl"]) - set(config["fl"]))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
+            hint = (
+                f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
+            )
+            raise ConfigError(f"{source}: {section}.fl.{unknown[0]}: unknown key.{hint}")
+    for key, section, where in (
+        ("dataset", config["data"]["sources"], "data.sources"),
+        ("model", config["models"], "models"),
+    ):
+        if utility[key] not in section:
+            raise ConfigError(
+                f"{source}: utility.{key}: {utility[key]!r} is not defined under {where}."
+            )
+    for name in utility["defenses"]:
+        if name not in config["defenses"]:
+            close = difflib.get_close_matches(name, config["defenses"], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source}: utility.defenses: {name!r} is not defined under defenses.{hint}"
+            )
     official = conv.get("official_loop", {})
     for key, names in (
         ("defenses", conv["defenses"]),
@@ -523,6 +542,23 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out["fl"] = convergence_fl(config, int(w["k"]))
         out["study"] = f"convergence k={w['k']}"
         return _dump(out)
+    if stage == "utility_train":
+        # The train stage's settings with the utility study's FL setting and one final model.
+        out = json.loads(job_settings(config, "train", **w))
+        out["fl"] = utility_fl(config)
+        out["study"] = "utility"
+        return _dump(out)
+    if stage == "utility_report":
+        study = config["utility"]
+        return _dump(
+            {
+                **common,
+                "utility": study,
+                "fl": utility_fl(config),
+                "partition": config["partition"],
+                "defenses": {d: config["defenses"][d] for d in study["defenses"]},
+            }
+        )
     if stage == "convergence_official":
         # The train stage's settings with the loop of CENSOR's official code (no partition).
         out = json.loads(job_settings(config, "train", **w))
@@ -633,6 +669,13 @@ def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, 
     """``fl`` updated with ``convergence.fl``, ``clients_per_round`` and a final checkpoint."""
     fl = merge(config["fl"], config["convergence"]["fl"])
     fl["clients_per_round"] = clients_per_round
+    fl["checkpoint_rounds"] = [fl["rounds"]]
+    return fl
+
+
+def utility_fl(config: dict[str, Any]) -> dict[str, Any]:
+    """``fl`` updated with ``utility.fl`` and a checkpoint after the last round only."""
+    fl = merge(config["fl"], config["utility"]["fl"])
     fl["checkpoint_rounds"] = [fl["rounds"]]
     return fl
 

@@ -23,13 +23,19 @@ UpdateKind = Literal["gradient", "delta"]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Enough to rebuild the architecture: the registry name and its settings."""
+    """Enough to rebuild the architecture: the registry name and its settings.
+
+    ``extension`` names an architectural defense that changed the model (PRECODE, CVB: a
+    variational bottleneck inserted into it), as ``{"kind": ..., "settings": {...}}``: the server
+    distributes the extended model, so the attacker knows the architecture and rebuilds it.
+    """
 
     name: str
     num_classes: int
     in_channels: int
     image_size: int
     settings: dict[str, Any] = field(default_factory=dict)
+    extension: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,7 @@ class Attack:
         defense = build_defense(
             meta.defense_kind, meta.defense_settings, where=f"the capture's defense {meta.defense}"
         )
+        defense.batch_size = meta.batch_size  # public: DP-SGD's noise scales with it
         if s.transform_aware != "off":
             mode = s.transform_aware
             view = defense.attacker_transform(dict(zip(names, target, strict=True)), mode)

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from gradinv.attacks import ATTACKS
 from gradinv.attacks.base import CPU, Attack, AttackFailed, AttackResult, MatchSettings
 from gradinv.attacks.matching import euclidean_distances
+from gradinv.models import auxiliary_loss
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate, denormalize
 from gradinv.settings import bounded
@@ -130,6 +131,9 @@ class DLG(Attack):
                 loss = F.cross_entropy(logits, labels)
             else:  # DLG's soft-label cross-entropy
                 loss = torch.sum(-F.softmax(soft, -1) * F.log_softmax(logits, -1), -1).mean()
+            aux = auxiliary_loss(model)  # a variational bottleneck's KL, as in the client's loss
+            if aux is not None:
+                loss = loss + aux
             dummy = torch.autograd.grad(loss, params, create_graph=graph)
             reg = self._regularizer(logits, labels) if graph else logits.new_zeros(())
             return match.one(list(dummy), generator), reg

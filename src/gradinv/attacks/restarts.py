@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from gradinv.attacks.base import AttackFailed
+from gradinv.models import auxiliary_loss
 
 Layout = Literal["auto", "batched", "sequential"]
 
@@ -73,6 +74,15 @@ def restart_gradients(
     ``layout`` is a resolved one (:func:`resolve_layout`). The returned gradients keep the graph
     back to the dummies (``create_graph``) so that a distance of them can be differentiated.
     """
+    task_loss = loss_of
+
+    def loss_of(logits: Tensor) -> tuple[Tensor, Tensor]:
+        # the model's own term (a variational bottleneck's KL) joins the dummy loss, as it
+        # joined the client's: the attacker knows the architecture
+        loss, extra = task_loss(logits)
+        aux = auxiliary_loss(model)
+        return (loss if aux is None else loss + aux), extra
+
     if layout == "batched":
         params = {n: p.detach() for n, p in named}
         buffers = dict(model.named_buffers())

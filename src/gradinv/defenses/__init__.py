@@ -17,7 +17,18 @@ from gradinv.settings import from_mapping
 
 DEFENSES: Registry[type[Defense]] = Registry("defense")
 
-from gradinv.defenses import censor, clipping, noise, none, sparsification  # noqa: E402, F401
+from gradinv.defenses import (  # noqa: E402, F401
+    censor,
+    clipping,
+    cvb,
+    dp_sgd,
+    noise,
+    none,
+    precode,
+    quantization,
+    soteria,
+    sparsification,
+)
 
 
 def defense_settings(kind: str, settings: dict[str, Any], where: str) -> Any:

@@ -8,6 +8,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from gradinv.models import auxiliary_loss
+from gradinv.protocol import ModelSpec
+
 Gradients = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -15,11 +18,20 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 def gradients_of(
     model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn, create_graph: bool = False
 ) -> Gradients:
-    """The gradient of ``loss_fn(model(inputs), labels)`` for every trainable parameter, by name."""
+    """The gradient of ``loss_fn(model(inputs), labels)``, plus the model's own term (a
+    variational bottleneck's KL, :func:`gradinv.models.auxiliary_loss`), for every trainable
+    parameter, by name."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    loss = loss_fn(model(inputs), labels)
+    loss = training_loss(model, inputs, labels, loss_fn)
     grads = torch.autograd.grad(loss, [p for _, p in named], create_graph=create_graph)
     return {n: g for (n, _), g in zip(named, grads, strict=True)}
+
+
+def training_loss(model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn) -> Tensor:
+    """The client's loss on a batch: the task loss plus the model's auxiliary term, if any."""
+    loss = loss_fn(model(inputs), labels)
+    aux = auxiliary_loss(model)
+    return loss if aux is None else loss + aux
 
 
 def gradient_cosine(a: Gradients, b: Gradients) -> float:
@@ -42,6 +54,8 @@ class Defense:
     # True for a defense whose transform is random (noise, CENSOR): the EOT attack then averages
     # over samples of it (attacker_samples); a deterministic one is matched by attacker_transform.
     randomized: ClassVar[bool] = False
+    # True for a defense that changes the model (wrap_model) rather than, or besides, the update.
+    architectural: ClassVar[bool] = False
     update_lr: float | None = None  # the client's step size, set by build_defense
     # Public (non-private) images and labels, as model inputs, for defenses that draw directions
     # from them (CENSOR's source: public); set by build_defense.
@@ -50,8 +64,10 @@ class Defense:
     def __init__(self, settings: Any) -> None:
         self.settings = settings
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Architectural defenses replace layers here; gradient defenses keep the model."""
+    def wrap_model(self, model: nn.Module, spec: ModelSpec) -> nn.Module:
+        """Architectural defenses (``architectural = True``) extend the model ``spec`` describes
+        here; :func:`gradinv.models.build_model` calls it for a spec whose ``extension`` names
+        the defense, so the server trains, and the attacker receives, the extended model."""
         return model
 
     def shared_update(

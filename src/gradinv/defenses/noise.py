@@ -1,6 +1,8 @@
-"""Additive Gaussian noise on every gradient entry (Zhu et al. 2019, arXiv:1906.08935).
+"""Additive noise on every gradient entry: Gaussian (Zhu et al. 2019, arXiv:1906.08935) and
+Laplace (the noisy-gradient baseline of Refiner and DCS²).
 
-CENSOR's text says std 0.1; its code (and GGL's, GIFD's) uses 0.01, and 1e-4 for StyleGAN2.
+CENSOR's text says Gaussian std 0.1; its code (and GGL's, GIFD's) uses 0.01, and 1e-4 for
+StyleGAN2. DCS²'s code sweeps both noises over scales 1e-4 to 1e-1.
 """
 
 from __future__ import annotations
@@ -8,30 +10,57 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from gradinv.defenses import DEFENSES
 from gradinv.defenses.base import Defense, Gradients
 from gradinv.settings import bounded
 
 
-@DEFENSES.register("gaussian_noise")
-class GaussianNoise(Defense):
+class AdditiveNoise(Defense):
+    """g + noise, one independent draw per entry, drawn on the CPU from the client's generator."""
+
     randomized = True
 
+    def noise(
+        self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
+    ) -> Tensor:
+        raise NotImplementedError
+
+    def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+        return {
+            n: g + self.noise(g.shape, generator, g.dtype).to(g.device) for n, g in grads.items()
+        }
+
+    def attacker_samples(self, grads: Gradients, n: int, generator: torch.Generator) -> Gradients:
+        return {
+            k: g[None] + self.noise((n, *g.shape), generator, g.dtype).to(g)
+            for k, g in grads.items()
+        }
+
+
+@DEFENSES.register("gaussian_noise")
+class GaussianNoise(AdditiveNoise):
     @dataclass(frozen=True)
     class Settings:
         std: float = bounded(0.01, ge=0.0, doc="standard deviation of the added noise")
 
-    def transform(self, grads: Gradients, generator: torch.Generator) -> Gradients:
-        std = self.settings.std
-        return {
-            n: g + std * torch.randn(g.shape, generator=generator, dtype=g.dtype).to(g.device)
-            for n, g in grads.items()
-        }
+    def noise(
+        self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
+    ) -> Tensor:
+        return self.settings.std * torch.randn(shape, generator=generator, dtype=dtype)
 
-    def attacker_samples(self, grads: Gradients, n: int, generator: torch.Generator) -> Gradients:
-        std = self.settings.std
-        return {
-            k: g[None] + std * torch.randn((n, *g.shape), generator=generator, dtype=g.dtype).to(g)
-            for k, g in grads.items()
-        }
+
+@DEFENSES.register("laplace_noise")
+class LaplaceNoise(AdditiveNoise):
+    @dataclass(frozen=True)
+    class Settings:
+        scale: float = bounded(0.01, ge=0.0, doc="b: the noise's density is exp(-|x|/b) / 2b")
+
+    def noise(
+        self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
+    ) -> Tensor:
+        # inverse CDF of u ~ U(-1/2, 1/2): -b sign(u) log(1 - 2|u|); 1 - 2|u| is never 0 since
+        # torch.rand draws from [0, 1)
+        u = torch.rand(shape, generator=generator, dtype=dtype) - 0.5
+        return -self.settings.scale * torch.sign(u) * torch.log1p(-2 * u.abs())

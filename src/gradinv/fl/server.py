@@ -13,7 +13,8 @@ generators, history) at the progress interval and resumes from it, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
@@ -111,7 +112,7 @@ def train(
         for c in clients:
             idx = rng.choice(parts[c], size=min(fl.batch_size, len(parts[c])), replace=False)
             x, y = train_x[idx], train_y[idx]
-            with torch.no_grad():
+            with torch.no_grad(), _buffers_kept(model):  # the loss must not move BN stats
                 train_loss += F.cross_entropy(model(x), y).item() / len(clients)
             update, local = client_update(
                 model,
@@ -147,6 +148,19 @@ def train(
                 }
             )
     return history
+
+
+@contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Restore ``model``'s buffers (batch-norm running statistics) on exit: the server's look at
+    a client's batch (the logged training loss) is not a training step."""
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
 
 
 def _state(model: nn.Module) -> dict[str, Tensor]:

@@ -19,18 +19,68 @@ from gradinv.settings import from_mapping
 MODELS: Registry[Any] = Registry("model")
 
 # Registration happens on import; the list is explicit so that `ls` shows every model.
-from gradinv.models import cnn, convnet, lenet, resnet  # noqa: E402, F401
+from gradinv.models import cnn, convnet, lenet, resnet, vit  # noqa: E402, F401
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """Build the architecture of ``spec``; with ``seed``, its initial weights are reproducible."""
-    entry = MODELS.get(spec.name)
-    settings = from_mapping(entry.Settings, spec.settings, where=f"models.{spec.name}")
+    """Build the architecture of ``spec``, with its extension (an architectural defense) if it
+    has one; with ``seed``, its initial weights are reproducible."""
     if seed is None:
-        return entry.build(spec.num_classes, spec.in_channels, spec.image_size, settings)
+        return _build(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return entry.build(spec.num_classes, spec.in_channels, spec.image_size, settings)
+        return _build(spec)
+
+
+def _build(spec: ModelSpec) -> nn.Module:
+    entry = MODELS.get(spec.name)
+    settings = from_mapping(entry.Settings, spec.settings, where=f"models.{spec.name}")
+    model = entry.build(spec.num_classes, spec.in_channels, spec.image_size, settings)
+    if spec.extension is None:
+        return model
+    from gradinv.defenses import build_defense  # defenses sit above models: import on use
+
+    kind = spec.extension["kind"]
+    defense = build_defense(kind, spec.extension["settings"], where=f"the model's extension {kind}")
+    return defense.wrap_model(model, spec)
+
+
+def feature_shape(model: nn.Module, spec: ModelSpec, module: str) -> tuple[int, ...]:
+    """The shape of one sample's output of ``model``'s submodule ``module`` (its name in
+    ``named_modules``), from a forward pass of a blank image without gradients, in eval mode
+    (batch-norm statistics do not move)."""
+    modules = dict(model.named_modules())
+    if module not in modules:
+        names = ", ".join(n for n in modules if n)
+        raise ValueError(f"{spec.name} has no module {module!r}; its modules are: {names}")
+    seen: list[torch.Size] = []
+    hook = modules[module].register_forward_hook(lambda _m, _a, out: seen.append(out.shape))
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size))
+    finally:
+        hook.remove()
+        model.train(was_training)
+    return tuple(seen[0][1:])
+
+
+def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
+    """The term a model adds to its training loss in its last forward pass, or None.
+
+    A variational bottleneck (PRECODE, CVB) stores its weighted KL divergence as ``aux_loss``
+    during its forward; the client's loss, and the attacker's dummy loss (it knows the
+    architecture), are the task loss plus this term. Reading it clears it, so a term is added
+    once and no stale tensor (say, one made under ``vmap``) outlives the pass that made it.
+    """
+    terms = []
+    for m in model.modules():
+        term = getattr(m, "aux_loss", None)
+        if term is not None:
+            terms.append(term)
+            m.aux_loss = None
+    return sum(terms[1:], terms[0]) if terms else None
 
 
 def classifier_layer(model: nn.Module) -> tuple[str, nn.Linear]:

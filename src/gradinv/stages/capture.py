@@ -123,7 +123,7 @@ def run(
         victim,
     )
     with acquire_device(settings["device"]) as device:
-        model = defense.wrap_model(build_model(server.model))
+        model = build_model(server.model)  # with the extension an architectural defense made
         model.load_state_dict(server.state)
         model.to(device).train(threat["model_mode"] == "train")
         inputs, labels = batch.normalized(mean, std).to(device), batch.labels.to(device)

@@ -8,7 +8,9 @@ cell downstream reports the failure instead of the pipeline stopping.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,10 @@ def run(
         public=public,
     )
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
+    if defense.architectural:  # the server trains, and distributes, the extended model
+        spec = replace(
+            spec, extension={"kind": kind, "settings": method_settings(settings["defense"])}
+        )
     progress = Progress.for_output(summary_path, sha256_json([settings, ds.sha256, partition_sha]))
     hashes: dict[str, str] = {}
 
@@ -99,7 +105,7 @@ def run(
     status, failure, history = "ok", None, []
     with acquire_device(settings["device"]) as device:
         # The initial model depends on the seed only, so round 0 is the same for every defense.
-        model = defense.wrap_model(build_model(spec, seed=settings["seed"])).to(device)
+        model = build_model(spec, seed=settings["seed"]).to(device)
         train_x, train_y = ds.train_subset(range(len(ds.train_labels)))
         # Evenly spaced validation images: the validation split is sorted by class, so a prefix
         # would test on a few classes only.
@@ -131,6 +137,7 @@ def run(
         "history": history,
         "checkpoint_sha256": hashes,
         "defense_stats": getattr(defense, "stats", None),  # e.g. CENSOR's fallback count
+        "privacy": None if official else privacy_budget(defense, parts, fl),
         "seconds": round(time.perf_counter() - started, 1),
         "dataset": dataset,
         "defense": settings["defense_name"],
@@ -144,6 +151,24 @@ def run(
     _track(settings, summary)
 
 
+def privacy_budget(defense: Any, parts: list[list[int]], fl: FLSettings) -> dict[str, Any] | None:
+    """The (epsilon, delta) a defense that accounts privacy (DP-SGD) spent for every client: the
+    largest over the clients, each counted as taking part in every round (an upper bound)."""
+    if not hasattr(defense, "epsilon"):
+        return None
+    local_steps = fl.local_steps if fl.protocol == "fedavg" else 1
+    rates = [min(fl.batch_size, len(p)) / len(p) for p in parts if p]
+    epsilon = max(defense.epsilon(q, fl.rounds, local_steps) for q in set(rates))
+    return {
+        "epsilon": epsilon,
+        "delta": defense.settings.delta,
+        "accountant": defense.settings.accountant,
+        "steps": fl.rounds,
+        "sample_rate": max(rates),
+        "bound": "every client counted in every round",
+    }
+
+
 def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
     from gradinv.stages.tracking import log_job
 
@@ -153,6 +178,9 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             if key != "round":
                 history.setdefault(key, []).append((int(row["round"]), float(value)))
     final = {k: v[-1][1] for k, v in history.items()}
+    epsilon = (summary.get("privacy") or {}).get("epsilon")
+    if epsilon is not None and math.isfinite(epsilon):
+        final["epsilon"] = epsilon
     key = f"{summary['dataset']}/{summary['model']}/{summary['defense']}"
     if settings.get("study"):  # e.g. the convergence study: another run of the same defense
         key += f" ({settings['study']})"

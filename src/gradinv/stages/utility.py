@@ -1,0 +1,131 @@
+"""Stage: the utility table, what each defense costs in accuracy, from FL training summaries.
+
+Each input is the summary of one FL training run (``gradinv train``) under one defense, with the
+study's FL setting (params.yaml ``utility``). A row gives the defense, its setting, the final
+test accuracy and that accuracy relative to training without a defense (Refiner's PMM, the
+"performance of the model with the defense over the model without"), plus the privacy budget
+epsilon for a defense that accounts one (DP-SGD) and the training time per round. A failed
+(diverged) run keeps its row, with its reason and no accuracy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gradinv.io import atomic_path, read_json
+from gradinv.tables.render import write_csv
+
+COLUMNS = (
+    "defense",
+    "label",
+    "kind",
+    "setting",
+    "accuracy",
+    "relative_accuracy",
+    "difference",
+    "round",
+    "epsilon",
+    "seconds_per_round",
+    "status",
+    "failure",
+    "scale",
+)
+REFERENCE = "none"  # the row every other is relative to
+
+
+def run(settings: dict[str, Any], summaries: list[Path], out_dir: Path) -> None:
+    runs = [read_json(p) for p in summaries]
+    table = utility_table(runs, settings)
+    write_csv(table, out_dir / "utility.csv")
+    with atomic_path(out_dir / "utility.md") as tmp:
+        tmp.write_text(_markdown(table, runs, settings), encoding="utf-8")
+
+
+def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
+    """One row per run, in the study's order of defenses."""
+    defenses, order = settings["defenses"], settings["utility"]["defenses"]
+    finals = {s["defense"]: _final(s) for s in runs}
+    reference = finals.get(REFERENCE, (None, None))[0]
+    rows = []
+    for s in sorted(runs, key=lambda s: order.index(s["defense"])):
+        accuracy, at_round = finals[s["defense"]]
+        block = defenses[s["defense"]]
+        rounds = max((int(p["round"]) for p in s["history"]), default=0)
+        privacy = s.get("privacy") or {}
+        rows.append(
+            {
+                "defense": s["defense"],
+                "label": block["label"],
+                "kind": block["kind"],
+                "setting": describe(block),
+                "accuracy": accuracy,
+                "relative_accuracy": None
+                if accuracy is None or not reference
+                else accuracy / reference,
+                "difference": None
+                if accuracy is None or reference is None
+                else accuracy - reference,
+                "round": at_round,
+                "epsilon": privacy.get("epsilon"),
+                "seconds_per_round": s["seconds"] / rounds if rounds else None,
+                "status": s["status"],
+                "failure": s["failure"] or "",
+                "scale": settings["scale"],
+            }
+        )
+    return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+
+
+def describe(block: dict[str, Any]) -> str:
+    """A defense's settings as one cell: ``key=value`` pairs, the label and kind left out."""
+    return ", ".join(f"{k}={v}" for k, v in block.items() if k not in ("kind", "label", "from"))
+
+
+def _final(summary: dict[str, Any]) -> tuple[float | None, int | None]:
+    """Test accuracy (%) at the last evaluated round of a finished run; None if it failed."""
+    evals = [p for p in summary["history"] if "test_accuracy" in p]
+    if summary["status"] != "ok" or not evals:
+        return None, None
+    return 100.0 * float(evals[-1]["test_accuracy"]), int(evals[-1]["round"])
+
+
+def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    study = settings["utility"]
+    lines = [f"# {study['title']}", ""]
+    if settings["scale"] == "embedded":
+        lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
+    lines += [
+        "Final test accuracy (%) after FL training under each defense; *relative* is the "
+        "accuracy over the accuracy without a defense (Refiner's PMM); epsilon is the privacy "
+        "budget a defense accounts (DP-SGD, at the delta of its setting).",
+        "",
+        "| defense | setting | accuracy | relative | difference | epsilon | s/round | failure |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def num(v: Any, fmt: str) -> str:
+        return "" if v is None or pd.isna(v) else format(v, fmt)
+
+    for r in table.to_dict("records"):
+        lines.append(
+            f"| {r['label']} | {r['setting']} | {num(r['accuracy'], '.2f')} | "
+            f"{num(r['relative_accuracy'], '.3f')} | {num(r['difference'], '+.2f')} | "
+            f"{num(r['epsilon'], '.3g')} | {num(r['seconds_per_round'], '.3f')} | "
+            f"{r['failure']} |"
+        )
+    commits = sorted({str(s.get("git_commit")) for s in runs})
+    lines += [
+        "",
+        "## Setting",
+        "",
+        f"- dataset: {study['dataset']}, model: {study['model']}",
+        f"- partition: {settings['partition']}",
+        f"- FL: {settings['fl']}",
+        f"- seed: {settings['seed']}, scale: {settings['scale']}",
+        f"- git commit(s): {', '.join(commits)}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+# The utility table (results/utility.csv): one FL training run per defense with the study's FL
+# setting (params.yaml `utility`, merged over `fl`), on the main partition; its final test
+# accuracy beside training without a defense. No attack involved. As in the convergence study,
+# the model after the last round is `final.pt`, a path independent of the number of rounds.
+
+UTILITY = config["utility"]
+
+
+rule train_utility:
+    input:
+        data="data/prepared/{dataset}.pt",
+        partition="data/partitions/{dataset}.json",
+    output:
+        checkpoint="results/utility/{dataset}/{model}/{defense}/final.pt",
+        summary="results/utility/{dataset}/{model}/{defense}/summary.json",
+    params:
+        settings=lambda w: job_settings(config, "utility_train", **w),
+    threads: config["threads_per_job"]
+    resources:
+        gpu=GPU_PER_JOB,
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/utility/{dataset}/{model}/{defense}.log",
+    benchmark:
+        "results/benchmarks/utility/{dataset}/{model}/{defense}.tsv"
+    shell:
+        "gradinv train --settings {params.settings:q} --prepared-dir data/prepared "
+        "--partition {input.partition} --checkpoints {output.checkpoint} "
+        "--summary {output.summary} > {log} 2>&1"
+
+
+rule report_utility:
+    input:
+        expand(
+            "results/utility/{dataset}/{model}/{defense}/summary.json",
+            dataset=UTILITY["dataset"],
+            model=UTILITY["model"],
+            defense=UTILITY["defenses"],
+        ),
+    output:
+        csv="results/utility.csv",
+        markdown="results/utility.md",
+    params:
+        settings=lambda w: job_settings(config, "utility_report"),
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/report/utility.log",
+    shell:
+        "gradinv report-utility --settings {params.settings:q} --summaries {input} "
+        "--out-dir results > {log} 2>&1"
