@@ -145,6 +145,16 @@ def test_laplace_noise_has_the_configured_scale():
     assert abs(shared.mean().item()) < 0.001
 
 
+def test_laplace_noise_is_finite_over_millions_of_draws():
+    # An inverse CDF of torch.rand, which returns 0 exactly about once in 2^24 draws (seed 1
+    # does within 2^24), drew an infinite value there: FL training diverged within 7 rounds.
+    grads = {"w": torch.zeros(1 << 24)}
+    shared = build_defense("laplace_noise", {"scale": 0.01}, "d").transform(
+        grads, torch.Generator().manual_seed(1)
+    )["w"]
+    assert torch.isfinite(shared).all() and shared.abs().max() < 1.0
+
+
 @pytest.mark.parametrize("kind", ["gaussian_noise", "laplace_noise"])
 def test_noise_samples_for_eot_stay_differentiable(kind):
     g = torch.zeros(5, requires_grad=True)

@@ -8,13 +8,14 @@ SETTINGS = {
     "scale": "embedded",
     "seed": 0,
     "partition": {"scheme": "iid"},
-    "fl": {"rounds": 4},
+    "fl": {"rounds": 4, "eval_every": 1},
     "utility": {
         "title": "Utility",
         "dataset": "patches",
         "model": "cnn3",
         "scaled_down_note": "small",
         "defenses": ["none", "dp_sgd", "noise"],
+        "average_last": 2,
     },
     "defenses": {  # as job_settings writes them: canonical JSON, keys sorted
         "dp_sgd": {"kind": "dp_sgd", "label": "DP-SGD", "clip": 1.0, "noise_multiplier": 1.0},
@@ -41,8 +42,8 @@ def summary(defense, accuracies, status="ok", privacy=None):
 def test_each_defense_is_relative_to_no_defense_and_a_failed_run_keeps_its_row():
     runs = [
         summary("noise", [0.2, 0.3], status="failed"),
-        summary("dp_sgd", [0.2, 0.25, 0.3, 0.4], privacy={"epsilon": 3.5}),
-        summary("none", [0.3, 0.5, 0.6, 0.8]),
+        summary("dp_sgd", [0.2, 0.25, 0.3, 0.5], privacy={"epsilon": 3.5}),  # last two: 40%
+        summary("none", [0.3, 0.5, 0.7, 0.9]),  # last two: 80%
     ]
     table = utility_table(runs, SETTINGS).set_index("defense")
     assert list(table.index) == ["none", "dp_sgd", "noise"]  # the study's order
@@ -60,7 +61,7 @@ def test_the_report_writes_the_csv_and_a_labelled_markdown(tmp_path):
     import json
 
     paths = []
-    for name, acc in (("none", [0.5]), ("dp_sgd", [0.25])):
+    for name, acc in (("none", [0.5, 0.5]), ("dp_sgd", [0.25, 0.25])):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(summary(name, acc)))
         paths.append(path)

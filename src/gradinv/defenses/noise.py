@@ -60,7 +60,7 @@ class LaplaceNoise(AdditiveNoise):
     def noise(
         self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
     ) -> Tensor:
-        # inverse CDF of u ~ U(-1/2, 1/2): -b sign(u) log(1 - 2|u|); 1 - 2|u| is never 0 since
-        # torch.rand draws from [0, 1)
-        u = torch.rand(shape, generator=generator, dtype=dtype) - 0.5
-        return -self.settings.scale * torch.sign(u) * torch.log1p(-2 * u.abs())
+        # the difference of two Exp(1) draws is Laplace(0, 1); unlike the inverse CDF of a
+        # uniform draw, it is never infinite (torch.rand can return 0 exactly)
+        pair = torch.empty((2, *shape), dtype=dtype).exponential_(generator=generator)
+        return self.settings.scale * (pair[0] - pair[1])

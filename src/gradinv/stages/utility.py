@@ -1,8 +1,10 @@
 """Stage: the utility table, what each defense costs in accuracy, from FL training summaries.
 
 Each input is the summary of one FL training run (``gradinv train``) under one defense, with the
-study's FL setting (params.yaml ``utility``). A row gives the defense, its setting, the final
-test accuracy and that accuracy relative to training without a defense (Refiner's PMM, the
+study's FL setting (params.yaml ``utility``). A row gives the defense, its setting, the test
+accuracy at the end of training (the mean of the last ``utility.average_last`` evaluations: one
+evaluation of a small model trained by FedSGD swings by several points from one to the next) and
+that accuracy relative to training without a defense (Refiner's PMM, the
 "performance of the model with the defense over the model without"), plus the privacy budget
 epsilon for a defense that accounts one (DP-SGD) and the training time per round. A failed
 (diverged) run keeps its row, with its reason and no accuracy.
@@ -47,7 +49,8 @@ def run(settings: dict[str, Any], summaries: list[Path], out_dir: Path) -> None:
 def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
     """One row per run, in the study's order of defenses."""
     defenses, order = settings["defenses"], settings["utility"]["defenses"]
-    finals = {s["defense"]: _final(s) for s in runs}
+    last = settings["utility"]["average_last"]
+    finals = {s["defense"]: _final(s, last) for s in runs}
     reference = finals.get(REFERENCE, (None, None))[0]
     rows = []
     for s in sorted(runs, key=lambda s: order.index(s["defense"])):
@@ -84,12 +87,14 @@ def describe(block: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in block.items() if k not in ("kind", "label", "from"))
 
 
-def _final(summary: dict[str, Any]) -> tuple[float | None, int | None]:
-    """Test accuracy (%) at the last evaluated round of a finished run; None if it failed."""
-    evals = [p for p in summary["history"] if "test_accuracy" in p]
+def _final(summary: dict[str, Any], last: int) -> tuple[float | None, int | None]:
+    """Test accuracy (%) of a finished run, the mean of its ``last`` evaluations, and the last
+    evaluated round; None if it failed."""
+    evals = [p for p in summary["history"] if "test_accuracy" in p][-last:]
     if summary["status"] != "ok" or not evals:
         return None, None
-    return 100.0 * float(evals[-1]["test_accuracy"]), int(evals[-1]["round"])
+    mean = sum(float(p["test_accuracy"]) for p in evals) / len(evals)
+    return 100.0 * mean, int(evals[-1]["round"])
 
 
 def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[str, Any]) -> str:
@@ -98,9 +103,10 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
     if settings["scale"] == "embedded":
         lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
     lines += [
-        "Final test accuracy (%) after FL training under each defense; *relative* is the "
-        "accuracy over the accuracy without a defense (Refiner's PMM); epsilon is the privacy "
-        "budget a defense accounts (DP-SGD, at the delta of its setting).",
+        f"Test accuracy (%) after FL training under each defense, the mean of the last "
+        f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds); "
+        "*relative* is the accuracy over the accuracy without a defense (Refiner's PMM); "
+        "epsilon is the privacy budget a defense accounts (DP-SGD, at the delta of its setting).",
         "",
         "| defense | setting | accuracy | relative | difference | epsilon | s/round | failure |",
         "|---|---|---|---|---|---|---|---|",
