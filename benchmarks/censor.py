@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from timing import median_seconds  # benchmarks/timing.py, beside this script
 
 from gradinv.defenses import build_defense, gradient_cosine, gradients_of
 from gradinv.models import build_model
@@ -39,20 +38,6 @@ def setup(size: int, device: torch.device, dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(1, 3, size, size, generator=g).to(device=device, dtype=dtype)
     return model, x, torch.tensor([3], device=device)
-
-
-def median_seconds(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def speed(size: int, device: torch.device, trials: int, repeats: int) -> dict[str, object]:

@@ -21,34 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from timing import median_seconds  # benchmarks/timing.py, beside this script
 
-import gradinv.defenses.soteria  # noqa: F401  (registers "soteria")
 from gradinv.defenses import build_defense, gradients_of
 from gradinv.models import build_model, classifier_layer
 from gradinv.protocol import ModelSpec
 
 BATCH, SIZE = 8, 32
 SETTINGS = {"resnet18": {"small_image_stem": True, "width": 64}, "cnn3": {}, "lenet": {}}
-
-
-def seconds(fn, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def row(name: str, device: torch.device, repeats: int) -> dict[str, object]:
@@ -76,9 +61,9 @@ def row(name: str, device: torch.device, repeats: int) -> dict[str, object]:
         return update
 
     plain()  # warm-up
-    undefended = seconds(plain, repeats, device)
-    batched = seconds(soteria("batched"), repeats, device)
-    per_feature = seconds(soteria("per_feature"), repeats, device)
+    undefended = median_seconds(plain, repeats, device)
+    batched = median_seconds(soteria("batched"), repeats, device)
+    per_feature = median_seconds(soteria("per_feature"), repeats, device)
     zeros = {m: shared[m][f"{fc_name}.weight"].eq(0).all(dim=0) for m in shared}
     return {
         "model": name,

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from opacus.accountants import PRVAccountant, RDPAccountant
 from torch import nn
 
-import gradinv.defenses.dp_sgd  # noqa: F401  registers dp_sgd before __init__ lists it
 from gradinv.defenses import build_defense, gradients_of
 from gradinv.defenses.dp_sgd import (
     clipped_per_sample_gradients,

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import gradinv.defenses.soteria  # noqa: F401  (registers "soteria")
 from gradinv.defenses import build_defense, gradients_of
 from gradinv.defenses.soteria import feature_ratios
 from gradinv.models import build_model, classifier_layer

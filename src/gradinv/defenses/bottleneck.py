@@ -62,17 +62,18 @@ class VariationalBottleneck(nn.Module):
 
 def insert_after(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
     """``model`` with its submodule ``name`` replaced by ``Sequential(original, module)``."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, nn.Sequential(getattr(parent, child), module))
-    return model
+    return _replace(model, name, lambda original: nn.Sequential(original, module))
 
 
 def insert_before(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
     """``model`` with its submodule ``name`` replaced by ``Sequential(module, original)``."""
+    return _replace(model, name, lambda original: nn.Sequential(module, original))
+
+
+def _replace(model: nn.Module, name: str, wrap: Any) -> nn.Module:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, nn.Sequential(module, getattr(parent, child)))
+    setattr(parent, child, wrap(getattr(parent, child)))
     return model
 
 
