@@ -238,51 +238,44 @@ def _check_references(config: dict[str, Any], source: str) -> None:
             for dataset in spec["datasets"]:
                 attack_generator(config, attack, dataset, source)
     conv = config["convergence"]
-    for key, section, where in (
-        ("dataset", config["data"]["sources"], "data.sources"),
-        ("model", config["models"], "models"),
-    ):
-        if conv[key] not in section:
-            raise ConfigError(
-                f"{source}: convergence.{key}: {conv[key]!r} is not defined under {where}."
-            )
-    utility = config["utility"]
-    for section, study in (("convergence", conv), ("utility", utility)):
+    official = conv.get("official_loop", {})
+    # The two training studies: their dataset and model, their FL keys, their defenses.
+    studies = {
+        "convergence": (
+            conv,
+            {
+                "defenses": conv["defenses"],
+                "clients_defenses": conv["clients_defenses"],
+                "official_loop.defenses": official.get("defenses", []),
+            },
+        ),
+        "utility": (config["utility"], {"defenses": config["utility"]["defenses"]}),
+    }
+    for study_name, (study, defense_lists) in studies.items():
+        for key, section, where in (
+            ("dataset", config["data"]["sources"], "data.sources"),
+            ("model", config["models"], "models"),
+        ):
+            if study[key] not in section:
+                raise ConfigError(
+                    f"{source}: {study_name}.{key}: {study[key]!r} is not defined under {where}."
+                )
         unknown = sorted(set(study["fl"]) - set(config["fl"]))
         if unknown:
             close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
             hint = (
                 f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
             )
-            raise ConfigError(f"{source}: {section}.fl.{unknown[0]}: unknown key.{hint}")
-    for key, section, where in (
-        ("dataset", config["data"]["sources"], "data.sources"),
-        ("model", config["models"], "models"),
-    ):
-        if utility[key] not in section:
-            raise ConfigError(
-                f"{source}: utility.{key}: {utility[key]!r} is not defined under {where}."
-            )
-    for name in utility["defenses"]:
-        if name not in config["defenses"]:
-            close = difflib.get_close_matches(name, config["defenses"], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"{source}: utility.defenses: {name!r} is not defined under defenses.{hint}"
-            )
-    official = conv.get("official_loop", {})
-    for key, names in (
-        ("defenses", conv["defenses"]),
-        ("clients_defenses", conv["clients_defenses"]),
-        ("official_loop.defenses", official.get("defenses", [])),
-    ):
-        for name in names:
-            if name not in config["defenses"]:
-                close = difflib.get_close_matches(name, config["defenses"], n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(
-                    f"{source}: convergence.{key}: {name!r} is not defined under defenses.{hint}"
-                )
+            raise ConfigError(f"{source}: {study_name}.fl.{unknown[0]}: unknown key.{hint}")
+        for key, names in defense_lists.items():
+            for name in names:
+                if name not in config["defenses"]:
+                    close = difflib.get_close_matches(name, config["defenses"], n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise ConfigError(
+                        f"{source}: {study_name}.{key}: {name!r} is not defined under "
+                        f"defenses.{hint}"
+                    )
 
 
 def attack_generator(
