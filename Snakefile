@@ -1,8 +1,10 @@
 # gradinv: the whole pipeline at a glance. Each stage's rules live in workflow/rules/<stage>.smk:
 #   data     prepare a dataset once; partition it among the clients; pick each victim's batch
 #   generator  the attacker's generator (GGL, GIAS, GIFD): trained on public data, or fetched
+#   evalnet  Refiner's evaluation network (its privacy term, the noise_ratio metric), on public data
 #   train    federated training under each defense, checkpoints per round
-#   capture  the update a victim shares, after its defense (what the server sees)
+#   capture  the update a victim shares, after its defense (what the server sees; a malicious
+#            server's attack, Imprint, first changes the model it sends)
 #   attack   reconstruct the victim's images from that update; score them against the originals
 #   report   paper tables, figures and the comparison with the published numbers
 #   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
@@ -11,11 +13,16 @@
 
 from gradinv.config import (
     attack_generator_file,
+    capture_file,
     convergence_curves_k,
+    defense_assets,
     generator_files,
     generator_names,
     job_settings,
+    malicious_attacks,
+    metric_assets,
     table_rounds,
+    table_utility_runs,
     table_victims,
 )
 from gradinv import pipeline
@@ -39,6 +46,7 @@ if workflow.is_main_process:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/generator.smk"
+include: "workflow/rules/evalnet.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/attack.smk"

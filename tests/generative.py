@@ -15,6 +15,7 @@ FEW = {
     "ggl": {"budget": 3, "population": 4},
     "gias": {"latent_iterations": 2, "param_iterations": 2},
     "gifd": {"iterations": 2, "radii": [0.0, 10.0, 20.0]},
+    "imprint": {},  # analytic: one pass, no iterations
 }
 
 

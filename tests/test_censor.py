@@ -10,11 +10,8 @@ from torch.func import functional_call
 
 from gradinv.data.prepared import PreparedDataset, public_pool, public_pool_indices
 from gradinv.defenses import build_defense, gradients_of
-from gradinv.defenses.censor import (
-    CensorFallbackWarning,
-    orthogonal_direction,
-    per_sample_gradients,
-)
+from gradinv.defenses.base import per_sample_gradients
+from gradinv.defenses.censor import CensorFallbackWarning, orthogonal_direction
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 

@@ -10,6 +10,27 @@ from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 
 SPEC = ModelSpec("cnn3", num_classes=5, in_channels=3, image_size=16, settings={})
+# Settings that keep the defenses with an inner search (Refiner, DCS²) to a few steps here.
+FEW_STEPS = {"refiner": {"iterations": 2}, "dcs2": {"iterations": 2}}
+
+
+def _defense(kind, settings=None, **kwargs):
+    """``kind`` as the stages build it: with the data's normalization and, for Refiner, a small
+    evaluation network (random weights: the checks here hold for any differentiable one)."""
+    from gradinv.metrics.noise_ratio import EvaluationNetwork
+
+    network = None
+    if DEFENSES.get(kind).needs_evaluation_network:
+        torch.manual_seed(0)
+        network = EvaluationNetwork(3, 16, width=4).eval().requires_grad_(False)
+    return build_defense(
+        kind,
+        {**FEW_STEPS.get(kind, {}), **(settings or {})},
+        where=f"defenses.{kind}",
+        normalization=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+        evaluation_network=network,
+        **kwargs,
+    )
 
 
 def _setup(kind="none", settings=None):
@@ -25,7 +46,7 @@ def _setup(kind="none", settings=None):
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_keeps_names_shapes_and_dtypes(kind):
     model, x, y = _setup(kind)
-    defense = build_defense(kind, {}, where=f"defenses.{kind}", update_lr=0.1)
+    defense = _defense(kind, update_lr=0.1)
     shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     assert set(shared) == names
@@ -37,7 +58,7 @@ def test_every_defense_keeps_names_shapes_and_dtypes(kind):
 @pytest.mark.parametrize("kind", DEFENSES.available())
 def test_every_defense_is_deterministic_given_the_generator(kind):
     model, x, y = _setup(kind)
-    defense = build_defense(kind, {}, where="d", update_lr=0.1)
+    defense = _defense(kind, update_lr=0.1)
     a = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
     b = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(3))
     assert all(torch.equal(a[n], b[n]) for n in a)

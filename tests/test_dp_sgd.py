@@ -11,11 +11,8 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from torch import nn
 
 from gradinv.defenses import build_defense, gradients_of
-from gradinv.defenses.dp_sgd import (
-    clipped_per_sample_gradients,
-    per_sample_gradients,
-    privacy_spent,
-)
+from gradinv.defenses.base import per_sample_gradients
+from gradinv.defenses.dp_sgd import clipped_per_sample_gradients, privacy_spent
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
 from gradinv.settings import ConfigError

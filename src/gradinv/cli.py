@@ -89,6 +89,12 @@ def _cmd_train_generator(a: argparse.Namespace) -> None:
     train(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), Path(a.out))
 
 
+def _cmd_train_evalnet(a: argparse.Namespace) -> None:
+    from gradinv.stages.evalnet import run
+
+    run(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), Path(a.out))
+
+
 def _cmd_fetch_generator(a: argparse.Namespace) -> None:
     from gradinv.stages.generator import fetch
 
@@ -119,6 +125,7 @@ def _cmd_report(a: argparse.Namespace) -> None:
         [Path(p) for p in a.reconstructions],
         [Path(p) for p in a.victims],
         Path(a.out_dir),
+        summaries=[Path(p) for p in a.summaries],
     )
 
 
@@ -228,6 +235,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--partition", required=True, help="holds the public split")
     sp.add_argument("--out", required=True)
 
+    sp = verb(
+        "train-evalnet",
+        _cmd_train_evalnet,
+        "train Refiner's evaluation network (noise ratio) on public data",
+    )
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--partition", required=True, help="holds the public split")
+    sp.add_argument("--out", required=True)
+
     sp = verb("fetch-generator", _cmd_fetch_generator, "fetch and verify published weights")
     sp.add_argument("--out", required=True)
 
@@ -247,7 +263,11 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--victims", nargs="+", required=True)
         sp.add_argument("--out-dir", required=True)
 
-    table_inputs(verb("report", _cmd_report, "render a paper table from metric files"))
+    sp = verb("report", _cmd_report, "render a paper table from metric files")
+    table_inputs(sp)
+    sp.add_argument(
+        "--summaries", nargs="*", default=[], help="the defenses' FL runs (accuracy, PMM)"
+    )
 
     sp = verb(
         "report-convergence",

@@ -91,6 +91,9 @@ def full_schema() -> dict[str, Any]:
         "properties": sources,
         "additionalProperties": False,
     }
+    from gradinv.metrics.noise_ratio import EvaluationNetworkSettings
+
+    schema["properties"]["evaluation_network"] |= settings_schema(EvaluationNetworkSettings, _NAMED)
     for section in ("models", "defenses", "attacks", "generators"):
         reg = regs[section]
         instance = schema["properties"][section]["additionalProperties"]
@@ -336,6 +339,48 @@ def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> 
     return [generator_path(name, config["generators"][name], dataset)]
 
 
+def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[str]:
+    """The files a client running ``defense`` reads besides the model and its data: Refiner's
+    evaluation network (rules train, capture, train_utility and the convergence study)."""
+    from gradinv.defenses import DEFENSES
+    from gradinv.metrics.noise_ratio import evaluation_network_path
+
+    if DEFENSES.get(config["defenses"][defense]["kind"]).needs_evaluation_network:
+        return [evaluation_network_path(dataset)]
+    return []
+
+
+def metric_assets(config: dict[str, Any], dataset: str) -> list[str]:
+    """The files the score stage reads to compute ``metrics.names``: the evaluation network of
+    the noise_ratio metric, unless ``metrics.evaluation_network`` names one."""
+    from gradinv.metrics.noise_ratio import evaluation_network_path
+
+    metrics = config["metrics"]
+    if "noise_ratio" in metrics["names"] and not metrics["evaluation_network"]:
+        return [evaluation_network_path(dataset)]
+    return []
+
+
+def malicious_attacks(config: dict[str, Any]) -> list[str]:
+    """The attacks whose server changes the model it sends (Imprint): each has its own capture."""
+    from gradinv.attacks import ATTACKS
+
+    return [
+        name
+        for name, block in config["attacks"].items()
+        if ATTACKS.get(block["kind"]).server == "malicious"
+    ]
+
+
+def capture_file(config: dict[str, Any], w: Any) -> str:
+    """The capture an attack job reads: the honest server's, shared by every honest attack, or
+    its own for a malicious attack (made on the model it changed)."""
+    run = f"results/captures/{w.dataset}/{w.model}/{w.defense}/r{w.round}_b{w.bs}"
+    if w.attack in malicious_attacks(config):
+        return f"{run}/{w.attack}/victim{w.victim}.pt"
+    return f"{run}/victim{w.victim}.pt"
+
+
 def generator_names(config: dict[str, Any], trained: bool) -> str:
     """A wildcard pattern of the generators that are trained here (or fetched), for the rules."""
     from gradinv.generators import GENERATORS
@@ -523,6 +568,15 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "partition": config["partition"],
             }
         )
+    if stage == "evalnet":
+        return _dump(
+            {
+                **common,
+                "evaluation_network": config["evaluation_network"],
+                "dataset": w["dataset"],
+                "partition": config["partition"],
+            }
+        )
     if stage == "partition":
         return _dump({"partition": config["partition"], "seed": config["seed"]})
     if stage == "convergence_partition":
@@ -600,6 +654,10 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "dataset": w["dataset"],
             "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
         }
+        # Refiner's evaluation network, only for a defense that reads one (so that adding it
+        # reruns no other defense's jobs)
+        for path in defense_assets(config, w["defense"], w["dataset"]):
+            out["evaluation_network"] = path
     if stage == "train":
         out["fl"] = config["fl"]
     elif stage == "capture":
@@ -608,6 +666,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "threat_model": config["threat_model"],
             "capture": config["capture"],
         }
+        if "attack" in w:  # a malicious server's capture: the model its attack changed
+            out["malicious"] = config["attacks"][w["attack"]]
     elif stage == "attack":
         out |= {
             "attack": config["attacks"][w["attack"]],
@@ -635,6 +695,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         }
     elif stage == "table":
         table = config["tables"][w["table"]]
+        if table_utility_runs(config, w["table"]):  # the table shows accuracy or PMM
+            out["utility"] = {"fl": utility_fl(config), **config["utility"]}
         out |= {
             "table": table,
             "table_name": w["table"],
@@ -656,6 +718,23 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     else:
         raise ValueError(f"no job settings for stage {stage!r}")
     return _dump(out)
+
+
+TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
+
+
+def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
+    """The utility study's training runs a table reads when it shows what its defenses cost
+    (metrics accuracy or pmm): one per dataset and defense, and no defense's for PMM."""
+    spec = config["tables"][table]
+    if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
+        return []
+    defenses = list(dict.fromkeys([*spec["defenses"], "none"]))
+    return [
+        f"results/utility/{d}/{spec['model']}/{f}/summary.json"
+        for d in spec["datasets"]
+        for f in defenses
+    ]
 
 
 def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, Any]:

@@ -28,6 +28,8 @@ class ModelSpec:
     ``extension`` names an architectural defense that changed the model (PRECODE, CVB: a
     variational bottleneck inserted into it), as ``{"kind": ..., "settings": {...}}``: the server
     distributes the extended model, so the attacker knows the architecture and rebuilds it.
+    ``modification`` names a malicious server's change to the model it sends (Imprint's block),
+    as ``{"kind": <attack kind>, "settings": {...}}``; an honest server sends None.
     """
 
     name: str
@@ -36,6 +38,7 @@ class ModelSpec:
     image_size: int
     settings: dict[str, Any] = field(default_factory=dict)
     extension: dict[str, Any] | None = None
+    modification: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

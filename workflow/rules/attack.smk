@@ -1,6 +1,6 @@
 rule attack:
     input:
-        capture=f"results/captures/{RUN}/victim{{victim}}.pt",
+        capture=lambda w: capture_file(config, w),
         generator=lambda w: attack_generator_file(config, w.attack, w.dataset),
     output:
         f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
@@ -25,7 +25,8 @@ rule score:
     input:
         reconstruction=f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
         victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
-        capture=f"results/captures/{RUN}/victim{{victim}}.pt",
+        capture=lambda w: capture_file(config, w),
+        assets=lambda w: metric_assets(config, w.dataset),  # noise_ratio's network
     output:
         f"results/metrics/{RUN}/{{attack}}/victim{{victim}}.json",
     params:

@@ -28,6 +28,7 @@ rule train_convergence:
     input:
         data="data/prepared/{dataset}.pt",
         partition="data/partitions/{dataset}.convergence.json",
+        assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
         checkpoint="results/convergence/{dataset}/{model}/{defense}/k{k}/final.pt",
         summary="results/convergence/{dataset}/{model}/{defense}/k{k}/summary.json",
@@ -51,6 +52,7 @@ rule train_convergence:
 rule train_convergence_official:
     input:
         data="data/prepared/{dataset}.pt",
+        assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
         checkpoint="results/convergence/{dataset}/{model}/{defense}/official/final.pt",
         summary="results/convergence/{dataset}/{model}/{defense}/official/summary.json",

@@ -5,6 +5,7 @@ rule report:
         metrics=lambda w: table_jobs(w.table, "metrics", "json"),
         reconstructions=lambda w: table_jobs(w.table, "attacks", "pt"),
         victims=lambda w: table_victims_files(w.table),
+        summaries=lambda w: table_utility_runs(config, w.table),  # accuracy, PMM
     output:
         csv="results/{table}.csv",
         markdown="results/{table}.md",
@@ -20,7 +21,7 @@ rule report:
     shell:
         "gradinv report --settings {params.settings:q} --metrics {input.metrics} "
         "--reconstructions {input.reconstructions} --victims {input.victims} "
-        "--out-dir results > {log} 2>&1"
+        "--summaries {input.summaries} --out-dir results > {log} 2>&1"
 
 
 if "fig10_public" in config["tables"]:

@@ -2,6 +2,7 @@ rule train:
     input:
         data="data/prepared/{dataset}.pt",
         partition="data/partitions/{dataset}.json",
+        assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
         checkpoints=expand(
             "results/checkpoints/{{dataset}}/{{model}}/{{defense}}/round{r}.pt",

@@ -10,6 +10,7 @@ rule train_utility:
     input:
         data="data/prepared/{dataset}.pt",
         partition="data/partitions/{dataset}.json",
+        assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
         checkpoint="results/utility/{dataset}/{model}/{defense}/final.pt",
         summary="results/utility/{dataset}/{model}/{defense}/summary.json",

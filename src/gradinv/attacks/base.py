@@ -18,7 +18,7 @@ from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import target_gradients
 from gradinv.models import build_model, classifier_layer, stochastic_parameters
 from gradinv.progress import Progress
-from gradinv.protocol import ServerMessage, SharedUpdate
+from gradinv.protocol import ModelSpec, ServerMessage, SharedUpdate
 from gradinv.settings import bounded
 
 CPU = torch.device("cpu")
@@ -135,6 +135,11 @@ class Attack:
     """
 
     Settings: ClassVar[type]
+    # "honest": an honest-but-curious server, which only observes the update a client shares;
+    # "malicious": the server also changes the model it sends (Imprint inserts a block), so the
+    # victim's update is captured on the model of :meth:`malicious_model` (the capture stage
+    # does this for the attack), and every result records it (``summary["server"]``).
+    server: ClassVar[Literal["honest", "malicious"]] = "honest"
 
     def __init__(self, settings: Any, threat: ThreatModel) -> None:
         self.settings = settings
@@ -157,6 +162,14 @@ class Attack:
         progress: Progress | None = None,
     ) -> AttackResult:
         raise NotImplementedError
+
+    def malicious_model(self, model: nn.Module, spec: ModelSpec) -> nn.Module:
+        """A malicious server's change to the model ``spec`` describes (``server =
+        "malicious"``): the model the server sends instead, with the attack's own weights set
+        deterministically from its settings (the rest keeps ``model``'s weights). Called by
+        :func:`gradinv.models.build_model` for a spec whose ``modification`` names the attack, so
+        the capture, the attack and any later reader rebuild the same architecture."""
+        raise NotImplementedError(f"{type(self).__name__} is an honest-but-curious attack")
 
     @classmethod
     def budget(cls, settings: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from gradinv.defenses.base import Defense, Gradients, gradient_cosine, gradients_of
 from gradinv.registry import Registry
@@ -21,11 +21,13 @@ from gradinv.defenses import (  # noqa: E402, F401
     censor,
     clipping,
     cvb,
+    dcs2,
     dp_sgd,
     noise,
     none,
     precode,
     quantization,
+    refiner,
     soteria,
     sparsification,
 )
@@ -42,17 +44,23 @@ def build_defense(
     where: str,
     update_lr: float | None = None,
     public: tuple[Tensor, Tensor] | None = None,
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    evaluation_network: nn.Module | None = None,
 ) -> Defense:
     """Instantiate the defense registered as ``kind`` with its settings from params.yaml.
 
     ``update_lr`` is the learning rate of the step the client's update will drive (``fl.lr``
     under FedSGD, ``fl.local_lr`` under FedAvg); defenses that look ahead (CENSOR) use it.
     ``public`` is a pool of public images and their labels, normalized as model inputs, for
-    defenses that draw their directions from public data (CENSOR with ``source: public``).
+    defenses that draw from public data (CENSOR with ``source: public``; ``uses_public``).
+    ``normalization`` is the dataset's (mean, std), for defenses that work on images in [0, 1];
+    ``evaluation_network`` is Refiner's noise-ratio predictor (``needs_evaluation_network``).
     """
     defense = DEFENSES.get(kind)(defense_settings(kind, settings, where))
     defense.update_lr = update_lr
     defense.public = public
+    defense.normalization = normalization
+    defense.evaluation_network = evaluation_network
     return defense
 
 

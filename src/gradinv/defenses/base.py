@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
 
 from gradinv.models import auxiliary_loss
 from gradinv.protocol import ModelSpec
@@ -25,6 +26,30 @@ def gradients_of(
     loss = training_loss(model, inputs, labels, loss_fn)
     grads = torch.autograd.grad(loss, [p for _, p in named], create_graph=create_graph)
     return {n: g for (n, _), g in zip(named, grads, strict=True)}
+
+
+def per_sample_gradients(
+    model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn
+) -> Gradients:
+    """The gradient of each example alone (a batch of one), its model term included, stacked
+    along a new first dimension, for every trainable parameter (DP-SGD clips them; DCS² compares
+    them). It runs in the model's current mode; in train mode each example gets its own copy of
+    the buffers, so batch-norm running statistics stay unchanged. The result stays
+    differentiable in ``inputs`` (``torch.func`` composes with autograd)."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    buffers = dict(model.named_buffers())
+    buffer_dim = None
+    if model.training and buffers:  # batch norm updates its running statistics in place
+        buffers = {n: b.expand(len(labels), *b.shape).clone() for n, b in buffers.items()}
+        buffer_dim = 0
+
+    def loss_of(p: Gradients, b: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        loss = loss_fn(functional_call(model, {**p, **b}, (x[None],)), y[None])
+        aux = auxiliary_loss(model)  # stored by this forward, under vmap: read it here
+        return loss if aux is None else loss + aux
+
+    per_example = vmap(grad(loss_of), in_dims=(None, buffer_dim, 0, 0), randomness="different")
+    return per_example(params, buffers, inputs, labels)
 
 
 def training_loss(model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn) -> Tensor:
@@ -56,13 +81,44 @@ class Defense:
     randomized: ClassVar[bool] = False
     # True for a defense that changes the model (wrap_model) rather than, or besides, the update.
     architectural: ClassVar[bool] = False
+    # True for a defense that needs Refiner's evaluation network (the noise-ratio predictor,
+    # gradinv.metrics.noise_ratio): the stages then load the dataset's network and pass it.
+    needs_evaluation_network: ClassVar[bool] = False
     update_lr: float | None = None  # the client's step size, set by build_defense
     # Public (non-private) images and labels, as model inputs, for defenses that draw directions
-    # from them (CENSOR's source: public); set by build_defense.
+    # or start points from them (CENSOR's source: public); set by build_defense.
     public: tuple[Tensor, Tensor] | None = None
+    # The dataset's per-channel mean and std: a defense receives normalized inputs, and one that
+    # works on images in [0, 1] (Refiner, DCS²) converts with these; set by build_defense.
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # Refiner's evaluation network (images in [0, 1] -> predicted noise ratio), frozen; set by
+    # build_defense for a defense with needs_evaluation_network.
+    evaluation_network: nn.Module | None = None
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
+        # What the last shared_update did, on the client's side (the capture records it, the
+        # attack never reads it). ``sensitive``: the indices of the batch's samples the defense
+        # protects, where it protects some only (DCS²); the score stage then measures those.
+        self.last: dict[str, Any] = {}
+
+    @classmethod
+    def uses_public(cls, settings: Any) -> bool:
+        """Whether these settings need the public pool (``public``)."""
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a client keeps between rounds (Refiner's robust data for its warm start); FL
+        training saves it with its progress, so a resumed run continues bit for bit."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def shared_batch_size(self, labels: Tensor) -> int:
+        """The number of samples the shared update is said to come from (public metadata): the
+        batch's, or more for a defense that adds samples to it (DCS²'s concealed samples)."""
+        return len(labels)
 
     def wrap_model(self, model: nn.Module, spec: ModelSpec) -> nn.Module:
         """Architectural defenses (``architectural = True``) extend the model ``spec`` describes

@@ -68,10 +68,17 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from gradinv.defenses import DEFENSES
-from gradinv.defenses.base import Defense, Gradients, LossFn, gradient_cosine, gradients_of
+from gradinv.defenses.base import (
+    Defense,
+    Gradients,
+    LossFn,
+    gradient_cosine,
+    gradients_of,
+    per_sample_gradients,
+)
 from gradinv.settings import bounded
 
 
@@ -103,7 +110,10 @@ class Censor(Defense):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.stats = {"updates": 0, "fallbacks": 0, "cosine_sum": 0.0}
-        self.last: dict[str, object] = {}
+
+    @classmethod
+    def uses_public(cls, settings: Settings) -> bool:
+        return settings.source == "public"
 
     def shared_update(
         self,
@@ -312,26 +322,6 @@ def _draw_generator(
         return generator
     seed = int(torch.randint(2**62, (1,), generator=generator))
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def per_sample_gradients(
-    model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn
-) -> Gradients:
-    """The gradient of the loss on each input alone (a batch of one), stacked along a new first
-    dimension, for every trainable parameter. It runs in the model's current mode; in train mode
-    each input gets its own copy of the buffers, so batch-norm running statistics stay unchanged.
-    """
-    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    buffers = dict(model.named_buffers())
-    buffer_dim = None
-    if model.training and buffers:  # batch norm updates its running statistics in place
-        buffers = {n: b.expand(len(labels), *b.shape).clone() for n, b in buffers.items()}
-        buffer_dim = 0
-
-    def loss_of(p: Gradients, b: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        return loss_fn(functional_call(model, {**p, **b}, (x[None],)), y[None])
-
-    return vmap(grad(loss_of), in_dims=(None, buffer_dim, 0, 0))(params, buffers, inputs, labels)
 
 
 def orthogonal_direction(g: Tensor, r: Tensor, projection: str = "exact") -> Tensor:

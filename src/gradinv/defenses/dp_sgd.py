@@ -41,12 +41,10 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
 
 from gradinv.defenses import DEFENSES
-from gradinv.defenses.base import Defense, Gradients, LossFn
+from gradinv.defenses.base import Defense, Gradients, LossFn, per_sample_gradients
 from gradinv.defenses.clipping import clip_global
-from gradinv.models import auxiliary_loss
 from gradinv.settings import bounded
 
 Accountant = Literal["rdp", "prv"]
@@ -79,7 +77,6 @@ class DPSGD(Defense):
             "delta": s.delta,
             "accountant": s.accountant,
         }
-        self.last: dict[str, object] = {}
 
     def shared_update(
         self,
@@ -145,29 +142,6 @@ class DPSGD(Defense):
         return privacy_spent(
             s.noise_multiplier, sample_rate, steps, s.delta, s.accountant, local_steps
         )
-
-
-def per_sample_gradients(
-    model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: LossFn
-) -> Gradients:
-    """The gradient of each example alone (a batch of one), its model term included, stacked
-    along a new first dimension, for every trainable parameter. It runs in the model's current
-    mode; in train mode each example gets its own copy of the buffers, so batch-norm running
-    statistics stay unchanged."""
-    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    buffers = dict(model.named_buffers())
-    buffer_dim = None
-    if model.training and buffers:  # batch norm updates its running statistics in place
-        buffers = {n: b.expand(len(labels), *b.shape).clone() for n, b in buffers.items()}
-        buffer_dim = 0
-
-    def loss_of(p: Gradients, b: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        loss = loss_fn(functional_call(model, {**p, **b}, (x[None],)), y[None])
-        aux = auxiliary_loss(model)  # stored by this forward, under vmap: read it here
-        return loss if aux is None else loss + aux
-
-    per_example = vmap(grad(loss_of), in_dims=(None, buffer_dim, 0, 0), randomness="different")
-    return per_example(params, buffers, inputs, labels)
 
 
 def clipped_per_sample_gradients(

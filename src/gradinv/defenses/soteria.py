@@ -83,10 +83,6 @@ class Soteria(Defense):
         derivatives: Literal["auto", "batched", "per_feature"] = "auto"
         dead_features: Literal["as-coded", "excluded"] = "as-coded"
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
-        self.last: dict[str, object] = {}
-
     def shared_update(
         self,
         model: nn.Module,

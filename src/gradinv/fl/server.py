@@ -13,8 +13,7 @@ generators, history) at the progress interval and resumes from it, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 from gradinv.defenses import Defense
 from gradinv.fl.client import client_update
+from gradinv.models import buffers_kept
 from gradinv.progress import Progress
 
 
@@ -96,6 +96,7 @@ def train(
         model.load_state_dict(saved["model"])
         rng.bit_generator.state = saved["numpy_rng"]
         generator.set_state(saved["torch_rng"])
+        defense.load_state_dict(saved["defense"])
         history, first = saved["history"], saved["round"] + 1
         progress.resumed(f"after round {saved['round']} of {fl.rounds}")
         for rnd in fl.checkpoint_rounds:  # declared outputs were deleted: write them again
@@ -112,7 +113,7 @@ def train(
         for c in clients:
             idx = rng.choice(parts[c], size=min(fl.batch_size, len(parts[c])), replace=False)
             x, y = train_x[idx], train_y[idx]
-            with torch.no_grad(), _buffers_kept(model):  # the loss must not move BN stats
+            with torch.no_grad(), buffers_kept(model):  # the server's look is no training step
                 train_loss += F.cross_entropy(model(x), y).item() / len(clients)
             update, local = client_update(
                 model,
@@ -144,23 +145,11 @@ def train(
                     "model": _state(model),
                     "numpy_rng": rng.bit_generator.state,
                     "torch_rng": generator.get_state(),
+                    "defense": defense.state_dict(),  # the clients' own state (Refiner's)
                     "history": history,
                 }
             )
     return history
-
-
-@contextmanager
-def _buffers_kept(model: nn.Module) -> Iterator[None]:
-    """Restore ``model``'s buffers (batch-norm running statistics) on exit: the server's look at
-    a client's batch (the logged training loss) is not a training step."""
-    saved = {n: b.clone() for n, b in model.named_buffers()}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                b.copy_(saved[n])
 
 
 def _state(model: nn.Module) -> dict[str, Tensor]:

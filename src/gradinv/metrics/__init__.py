@@ -2,8 +2,8 @@
 
 ``score`` is the pipeline's entry point: it Hungarian-matches a batch of reconstructions to the
 private originals and returns a flat dict of per-batch means and per-image values (MSE, PSNR,
-SSIM, LPIPS) plus the label accuracy. The originals are the client's secret: only this scoring
-step, after the attack, ever sees them.
+SSIM, LPIPS, Refiner's noise ratio) plus the label accuracy. The originals are the client's
+secret: only this scoring step, after the attack, ever sees them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from gradinv.registry import Registry
 
 METRICS: Registry[type[ImageMetric]] = Registry("metric")
 
-from gradinv.metrics import lpips, mse, psnr, ssim  # noqa: E402, F401  (fill METRICS)
+from gradinv.metrics import (  # noqa: E402, F401  (fill METRICS)
+    lpips,
+    mse,
+    noise_ratio,
+    psnr,
+    ssim,
+)
 from gradinv.metrics.labels import label_accuracy  # noqa: E402
 from gradinv.metrics.matching import match_reconstructions  # noqa: E402
 from gradinv.metrics.score import score  # noqa: E402

@@ -53,6 +53,11 @@ class MetricSettings:
     ssim_impl: Literal["skimage", "censor_code"] = bounded(
         "skimage", doc="skimage (Wang et al. 2004) or CENSOR/inversefed's zero-padded SSIM"
     )
+    evaluation_network: str = bounded(
+        "",
+        doc="noise_ratio: Refiner's evaluation network file; empty: the one the pipeline trains "
+        "for the dataset (data/evalnet/<dataset>.pt)",
+    )
     match: bool = bounded(True, doc="Hungarian-match reconstructions to originals when N > 1")
     match_cost: Literal["mse", "ssim", "lpips"] = bounded(
         "mse", doc="pairwise metric that the Hungarian matching minimizes"
@@ -116,15 +121,18 @@ class ImageMetric:
         mean: Stats | None = None,
         std: Stats | None = None,
     ) -> MetricValues:
-        """Values for every pair, flattened row-major: entry ``i * N + j`` is (recon i, orig j)."""
-        n = recon.shape[0]
-        rows = recon.repeat_interleave(n, dim=0)
-        cols = orig.repeat(n, 1, 1, 1)
+        """Values for every pair of M reconstructions and N originals, flattened row-major:
+        entry ``i * N + j`` is (recon i, orig j)."""
+        rows = recon.repeat_interleave(orig.shape[0], dim=0)
+        cols = orig.repeat(recon.shape[0], 1, 1, 1)
         return self.per_image(rows, cols, settings, mean, std)
 
 
-def check_images(recon: Tensor, orig: Tensor) -> None:
-    """Raise ``ValueError`` unless both are finite float ``(N, C, H, W)`` batches in ``[0, 1]``."""
+def check_images(recon: Tensor, orig: Tensor, same_count: bool = True) -> None:
+    """Raise ``ValueError`` unless both are finite float ``(N, C, H, W)`` batches in ``[0, 1]``
+    of the same shape (with ``same_count=False``, the reconstructions may be more: an attack
+    that recovers a batch with added samples, DCS²'s concealed ones, is scored on the matched
+    subset)."""
     for name, x in (("reconstructions", recon), ("originals", orig)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}.")
@@ -145,7 +153,9 @@ def check_images(recon: Tensor, orig: Tensor) -> None:
                 f"{name} span [{lo:.4g}, {hi:.4g}], outside [0, 1]: denormalize "
                 "and clamp them first (x * std + mean).clamp(0, 1)."
             )
-    if recon.shape != orig.shape:
+    if recon.shape[1:] != orig.shape[1:] or (
+        recon.shape[0] != orig.shape[0] if same_count else recon.shape[0] < orig.shape[0]
+    ):
         raise ValueError(
             f"reconstructions {tuple(recon.shape)} and originals "
             f"{tuple(orig.shape)} differ in shape."

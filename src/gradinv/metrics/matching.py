@@ -28,13 +28,12 @@ def cost_matrix(
     """``C[i, j]``: how unlike reconstruction ``i`` is original ``j`` under metric ``cost``."""
     settings = settings or MetricSettings()
     metric = METRICS.get(cost)()
-    n = recon.shape[0]
     result = metric.pairwise(recon, orig, settings, mean, std)
     if result.per_image is None:
         raise RuntimeError(
             f"cannot match on {cost}: {result.status}. Match on 'mse' instead (metrics.match_cost)."
         )
-    values = np.asarray(result.per_image, dtype=np.float64).reshape(n, n)
+    values = np.asarray(result.per_image, dtype=np.float64).reshape(len(recon), len(orig))
     # defender_direction "up": a larger value is a worse reconstruction, i.e. a worse match.
     matrix = values if metric.defender_direction == "up" else -values
     if not np.all(np.isfinite(matrix)):
@@ -51,14 +50,16 @@ def match_reconstructions(
     mean: Stats | None = None,
     std: Stats | None = None,
 ) -> list[int]:
-    """The permutation ``perm`` that pairs ``recon[perm[j]]`` with ``orig[j]`` at minimal cost.
+    """The assignment ``perm`` that pairs ``recon[perm[j]]`` with ``orig[j]`` at minimal cost.
 
-    ``recon[perm]`` is then in the originals' order. Both batches hold the same number of images,
-    in ``[0, 1]``. ``cost`` names a registered metric ("mse", "ssim" or "lpips").
+    ``recon[perm]`` is then in the originals' order. There may be more reconstructions than
+    originals (a shared batch with added samples, DCS²'s concealed ones): each original gets its
+    own best-matching reconstruction and the others are left out. Images in ``[0, 1]``; ``cost``
+    names a registered metric ("mse", "ssim" or "lpips").
     """
-    check_images(recon, orig)
-    n = recon.shape[0]
-    if n == 1:
+    check_images(recon, orig, same_count=False)
+    n = orig.shape[0]
+    if recon.shape[0] == 1:
         return [0]
     matrix = cost_matrix(recon, orig, cost, settings, mean, std)
     rows, cols = linear_sum_assignment(matrix.T)  # rows: originals, in order 0..n-1

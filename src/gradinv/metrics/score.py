@@ -38,7 +38,9 @@ def score(
     predicted_labels: Labels | None = None,
     true_labels: Labels | None = None,
 ) -> dict[str, Any]:
-    """Score reconstructions ``recon`` against originals ``orig``, both ``(N, C, H, W)`` in [0, 1].
+    """Score reconstructions ``recon`` against originals ``orig``, both ``(N, C, H, W)`` in [0, 1]
+    (more reconstructions than originals when only some of the shared batch is scored, as DCS²'s
+    sensitive samples are: each original is then matched to its own reconstruction).
 
     ``metrics`` names registered metrics (``METRICS.available()``). ``mean``/``std`` (one entry
     per channel) are needed only with ``settings.space == "normalized"``. With
@@ -53,17 +55,21 @@ def score(
     if len(set(names)) != len(names):
         raise ValueError(f"metrics {names} names a metric twice.")
     chosen = {name: METRICS.get(name)() for name in names}  # unknown names fail here, with hints
-    check_images(recon, orig)
+    check_images(recon, orig, same_count=False)
     if predicted_labels is not None and true_labels is None:
         raise ValueError("predicted_labels were given without true_labels to compare them to.")
 
-    n = recon.shape[0]
-    if settings.match and n > 1:
+    if len(recon) > len(orig) and not settings.match:
+        raise ValueError(
+            f"{len(recon)} reconstructions for {len(orig)} originals: which one recovers which "
+            "original must be matched (metrics.match: true)."
+        )
+    if settings.match and len(recon) > 1:
         perm = match_reconstructions(
             recon, orig, cost=settings.match_cost, settings=settings, mean=mean, std=std
         )
     else:
-        perm = list(range(n))
+        perm = list(range(len(orig)))
     matched = recon[perm]
 
     result: dict[str, Any] = {"matching": perm}

@@ -7,6 +7,8 @@ experiment is the same model for every defense.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,8 +25,9 @@ from gradinv.models import cnn, convnet, lenet, resnet, vit  # noqa: E402, F401
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """Build the architecture of ``spec``, with its extension (an architectural defense) if it
-    has one; with ``seed``, its initial weights are reproducible."""
+    """Build the architecture of ``spec``, with its extension (an architectural defense) and its
+    modification (a malicious server's) if it has them; with ``seed``, its initial weights are
+    reproducible."""
     if seed is None:
         return _build(spec)
     with torch.random.fork_rng(devices=[]):
@@ -36,13 +39,22 @@ def _build(spec: ModelSpec) -> nn.Module:
     entry = MODELS.get(spec.name)
     settings = from_mapping(entry.Settings, spec.settings, where=f"models.{spec.name}")
     model = entry.build(spec.num_classes, spec.in_channels, spec.image_size, settings)
-    if spec.extension is None:
-        return model
-    from gradinv.defenses import build_defense  # defenses sit above models: import on use
+    if spec.extension is not None:
+        from gradinv.defenses import build_defense  # defenses sit above models: import on use
 
-    kind = spec.extension["kind"]
-    defense = build_defense(kind, spec.extension["settings"], where=f"the model's extension {kind}")
-    return defense.wrap_model(model, spec)
+        kind = spec.extension["kind"]
+        where = f"the model's extension {kind}"
+        model = build_defense(kind, spec.extension["settings"], where=where).wrap_model(model, spec)
+    if spec.modification is not None:
+        from gradinv.attacks import ATTACKS, ThreatModel, build_attack  # attacks sit above too
+
+        kind = spec.modification["kind"]
+        if ATTACKS.get(kind).server != "malicious":
+            raise ValueError(f"the model's modification names {kind}, not a malicious attack")
+        where = f"the model's modification {kind}"
+        attack = build_attack(kind, spec.modification["settings"], ThreatModel(), where=where)
+        model = attack.malicious_model(model, spec)
+    return model
 
 
 def feature_shape(model: nn.Module, spec: ModelSpec, module: str) -> tuple[int, ...]:
@@ -64,6 +76,19 @@ def feature_shape(model: nn.Module, spec: ModelSpec, module: str) -> tuple[int, 
         hook.remove()
         model.train(was_training)
     return tuple(seen[0][1:])
+
+
+@contextmanager
+def buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Restore ``model``'s buffers (batch-norm running statistics) on exit: for forward passes
+    that are no training step (the server's look at a client's batch, a defense's search)."""
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
 
 
 def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:

@@ -60,9 +60,11 @@ def run(
             "images": rec.images.detach().float(),
             "labels": rec.labels,
             "history": {k: [list(p) for p in v] for k, v in rec.history.items()},
-            # The threat model as it ran: where the labels came from, which layers' gradients
-            # the attack matched, through which view of the defense; and how fast it ran.
-            "summary": rec.summary
+            # The threat model as it ran: the server (a malicious one says what it changed),
+            # where the labels came from, which layers' gradients the attack matched, through
+            # which view of the defense; and how fast it ran.
+            "summary": {"server": "honest-but-curious"}
+            | rec.summary
             | {
                 "labels_from": attack.label_note,
                 "matched_layers": attack.matched_names,

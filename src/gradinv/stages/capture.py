@@ -13,16 +13,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gradinv.attacks import malicious_server
 from gradinv.config import method_settings
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
-from gradinv.defenses import Defense, build_defense, defense_settings, gradient_cosine
+from gradinv.defenses import Defense, build_defense, gradient_cosine
 from gradinv.fl.client import client_update
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate, normalize
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, project_path, setup, update_lr
+from gradinv.stages.common import client_defense, derive_seed, project_path, setup, update_lr
 
 
 def victim_indices(victim: int, batch_size: int, stride: int, n_val: int) -> list[int]:
@@ -65,9 +66,9 @@ def public_inputs(
     batch_size: int,
     prepared_dir: Path | None,
 ) -> tuple[Tensor, Tensor]:
-    """CENSOR's public pool, normalized as model inputs, from the prepared data the victim was
-    drawn from (default ``data/prepared``, where the rules write it); refused if it shares an
-    image with the victim's batch."""
+    """The public pool (CENSOR's directions, DCS²'s start points), normalized as model inputs,
+    from the prepared data the victim was drawn from (default ``data/prepared``, where the rules
+    write it); refused if it shares an image with the victim's batch."""
     ds = load_prepared(settings["dataset"], prepared_dir or project_path("data/prepared"))
     if ds.sha256 != secret["data_sha256"]:
         raise RuntimeError(
@@ -96,22 +97,22 @@ def run(
         save_tensors(out, {"status": "failed", "failure": f"training failed: {saved['failure']}"})
         return
     server = ServerMessage.from_dict(saved)
+    malicious = settings.get("malicious")
+    if malicious is not None:  # the server sends a model changed by its attack (Imprint)
+        server = malicious_server(server, malicious["kind"], method_settings(malicious))
     secret = load_tensors(victim_path)
     batch = PrivateBatch.from_dict(secret)
     mean, std = tuple(secret["mean"]), tuple(secret["std"])
     threat = settings["threat_model"]
     defense_cfg = settings["defense"]
-    where = f"defenses.{settings['defense_name']}"
-    chosen = defense_settings(defense_cfg["kind"], method_settings(defense_cfg), where)
-    public = None
-    if getattr(chosen, "source", None) == "public":  # CENSOR's directions from public images
-        public = public_inputs(settings, chosen, secret, victim, len(batch.labels), prepared_dir)
-    defense = build_defense(
-        defense_cfg["kind"],
-        method_settings(defense_cfg),
-        where=where,
-        update_lr=update_lr(settings["fl"]),
-        public=public,
+    defense = client_defense(
+        settings,
+        mean,
+        std,
+        update_lr(settings["fl"]),
+        lambda chosen: public_inputs(
+            settings, chosen, secret, victim, len(batch.labels), prepared_dir
+        ),
     )
     fl = settings["fl"]
     seed = derive_seed(
@@ -149,7 +150,7 @@ def run(
         diagnostics = client_diagnostics(defense, update, undefended)
     meta = PublicMeta(
         dataset=settings["dataset"],
-        batch_size=len(batch.labels),
+        batch_size=defense.shared_batch_size(batch.labels),  # DCS² adds concealed samples
         image_shape=tuple(batch.images.shape[1:]),
         num_classes=int(secret["num_classes"]),
         mean=mean,
@@ -179,9 +180,11 @@ def run(
 def client_diagnostics(
     defense: Defense, update: dict[str, Tensor], undefended: dict[str, Tensor]
 ) -> dict[str, Any]:
-    """The cosine of the shared update with the undefended one; CENSOR's fallback and losses."""
+    """The cosine of the shared update with the undefended one; CENSOR's fallback and losses;
+    the samples a defense protects, where it protects some only (DCS²'s sensitive samples)."""
     out: dict[str, Any] = {"update_cosine": gradient_cosine(update, undefended)}
-    last = getattr(defense, "last", None) or {}
+    last = defense.last
     out["fallback_fired"] = last.get("fallback_fired")  # None: not a CENSOR update
+    out["sensitive"] = last.get("sensitive")  # None: every sample is protected
     out["defense"] = {k: v for k, v in last.items() if k != "losses"}
     return out

@@ -5,14 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from gradinv.config import REPO_ROOT, project_root
 from gradinv.io import sha256_json
 from gradinv.protocol import ModelSpec
+
+if TYPE_CHECKING:
+    from gradinv.defenses import Defense
 
 
 def setup(settings: dict[str, Any]) -> None:
@@ -61,3 +66,35 @@ def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
 def project_path(path: str | Path) -> Path:
     path = Path(path)
     return path if path.is_absolute() else project_root() / path
+
+
+def client_defense(
+    settings: dict[str, Any],
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    update_lr: float,
+    public: Callable[[Any], tuple[Tensor, Tensor]],
+) -> Defense:
+    """The defense a client runs, built from a train or capture job's settings with what it
+    needs: the dataset's normalization, the public pool (``public(settings)``, called only when
+    the defense's settings use one) and Refiner's evaluation network (the job's file)."""
+    from gradinv.config import method_settings
+    from gradinv.defenses import DEFENSES, build_defense, defense_settings
+    from gradinv.metrics.noise_ratio import load_evaluation_network
+
+    block, where = settings["defense"], f"defenses.{settings['defense_name']}"
+    kind = block["kind"]
+    chosen = defense_settings(kind, method_settings(block), where)
+    cls = DEFENSES.get(kind)
+    network = None
+    if cls.needs_evaluation_network:
+        network = load_evaluation_network(project_path(settings["evaluation_network"]))
+    return build_defense(
+        kind,
+        method_settings(block),
+        where=where,
+        update_lr=update_lr,
+        public=public(chosen) if cls.uses_public(chosen) else None,
+        normalization=(tuple(mean), tuple(std)),
+        evaluation_network=network,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,10 @@ def run(
     reconstructions: list[Path],
     victims: list[Path],
     out_dir: Path,
+    summaries: Sequence[Path] = (),
 ) -> None:
+    """Render the table; ``summaries`` are the defenses' FL training runs (the utility study's),
+    read when the table shows what a defense costs (accuracy, PMM)."""
     spec = settings["table"]
     name = settings["table_name"]
     rounds, n_victims = settings["rounds"], settings["victims"]
@@ -63,8 +67,24 @@ def run(
         rows=rows,
         metrics=spec.get("metrics", DEFAULT_METRICS),
         sweep=sweep,
+        training=_training(spec, summaries, settings),
     )
     _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png", rounds)
+
+
+def _training(
+    spec: dict[str, Any], summaries: Sequence[Path], settings: dict[str, Any]
+) -> dict[str, dict[tuple[str, str], float | None]]:
+    """The table's metrics of scope ``training`` (accuracy, PMM) from the utility runs."""
+    from gradinv.stages.utility import training_metrics
+    from gradinv.tables.aggregate import metric_spec
+
+    wanted = [m for m in spec.get("metrics", DEFAULT_METRICS) if metric_spec(m).scope == "training"]
+    if not wanted:
+        return {}
+    runs = [read_json(p) for p in summaries]
+    values = training_metrics(runs, settings["utility"]["average_last"])
+    return {m: values[m] for m in wanted}
 
 
 def _sweep(x_axis: str | None, defenses: dict[str, Any], rounds: list[int]) -> Sweep | None:

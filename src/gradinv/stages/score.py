@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.io import load_tensors, write_json
-from gradinv.metrics import MetricSettings, score
+from gradinv.metrics import METRICS, MetricSettings, score
+from gradinv.metrics.noise_ratio import resolve_evaluation_network
 from gradinv.settings import from_mapping
 from gradinv.stages.common import record, setup
 
-TRACKED = ("mse", "psnr", "ssim", "lpips", "label_accuracy")
+TRACKED = ("mse", "psnr", "ssim", "lpips", "noise_ratio", "label_accuracy")
 
 
 def run(
@@ -34,7 +35,9 @@ def run(
     secret = load_tensors(victim_path)
     metric_cfg = dict(settings["metrics"])
     names = metric_cfg.pop("names")
-    metric_settings = from_mapping(MetricSettings, metric_cfg, where="metrics")
+    metric_settings = resolve_evaluation_network(  # noise_ratio: the dataset's own network
+        from_mapping(MetricSettings, metric_cfg, where="metrics"), settings["dataset"]
+    )
     defense, attack = settings["defense"], settings["attack"]
     summary = rec.get("summary", {})
     row: dict[str, Any] = {
@@ -55,18 +58,29 @@ def run(
         "failure": rec["failure"],
         # What the attacker knew: the threat model, and the layers whose gradients it matched.
         "threat_model": settings["threat_model"]
-        | {k: summary.get(k) for k in ("labels_from", "matched_layers", "transform_aware", "eot")},
+        | {
+            k: summary.get(k)
+            for k in ("server", "labels_from", "matched_layers", "transform_aware", "eot")
+        },
         "attack_seconds": rec["seconds"],
         "attack_iterations_per_second": summary.get("iterations_per_second"),
         "restarts_layout": summary.get("restarts_layout"),
         **record(settings, secret["data_sha256"]),
     }
+    client = load_tensors(capture_path).get("client") or {}
+    # A defense that protects some samples only (DCS²) is measured on those, as its paper does.
+    sensitive = client.get("sensitive")
+    originals = secret["images"] if sensitive is None else secret["images"][sensitive]
+    row["scored_samples"] = list(range(len(secret["labels"]))) if sensitive is None else sensitive
     scores: dict[str, Any] = {}
+    if rec["status"] == "ok" and len(originals) == 0:
+        rec = {**rec, "status": "failed", "failure": "no sensitive sample in the batch to score"}
+        row |= {"status": rec["status"], "failure": rec["failure"]}
     if rec["status"] == "ok":
         predicted = None if settings["threat_model"]["labels"] == "known" else rec["labels"]
         scores = score(
             rec["images"],
-            secret["images"],
+            originals,
             metrics=names,
             settings=metric_settings,
             mean=secret["mean"],
@@ -76,12 +90,13 @@ def run(
         )
     for name in names:
         row[name] = scores.get(name)
-    client = load_tensors(capture_path).get("client") or {}
     row["update_cosine"] = client.get("update_cosine")
     fired = client.get("fallback_fired")
     row["fallback_rate"] = None if fired is None else float(fired)
     row["defense_diagnostics"] = client.get("defense")
-    row["lpips_status"] = scores.get("lpips_status", "not computed: attack failed")
+    for name in METRICS:  # the metrics that can be unavailable (LPIPS, noise ratio) say why
+        if METRICS.get(name).reports_status:
+            row[f"{name}_status"] = scores.get(f"{name}_status", "not computed: attack failed")
     row["label_accuracy"] = scores.get("label_accuracy")
     row["matching"] = scores.get("matching")
     write_json(out, row)

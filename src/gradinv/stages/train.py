@@ -14,12 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from gradinv.config import method_settings
 from gradinv.data import load_prepared, read_partition
 from gradinv.data.prepared import public_pool
-from gradinv.defenses import build_defense, defense_settings
 from gradinv.fl.official import OfficialLoop, train_official
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
@@ -27,7 +26,14 @@ from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, model_spec, record, setup, update_lr
+from gradinv.stages.common import (
+    client_defense,
+    derive_seed,
+    model_spec,
+    record,
+    setup,
+    update_lr,
+)
 
 
 def run(
@@ -76,18 +82,12 @@ def run(
             f"{list(rounds)}"
         )
     kind, where = settings["defense"]["kind"], f"defenses.{settings['defense_name']}"
-    chosen = defense_settings(kind, method_settings(settings["defense"]), where)
-    public = None
-    if getattr(chosen, "source", None) == "public":  # CENSOR's directions from public images
+
+    def public(chosen: Any) -> tuple[Tensor, Tensor]:  # CENSOR's and DCS²'s public images
         images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
-        public = (normalize(images, ds.mean, ds.std), labels)
-    defense = build_defense(
-        kind,
-        method_settings(settings["defense"]),
-        where=where,
-        update_lr=step_lr,
-        public=public,
-    )
+        return normalize(images, ds.mean, ds.std), labels
+
+    defense = client_defense(settings, ds.mean, ds.std, step_lr, public)
     spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
     if defense.architectural:  # the server trains, and distributes, the extended model
         spec = replace(

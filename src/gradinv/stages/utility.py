@@ -50,7 +50,7 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
     """One row per run, in the study's order of defenses."""
     defenses, order = settings["defenses"], settings["utility"]["defenses"]
     last = settings["utility"]["average_last"]
-    finals = {s["defense"]: _final(s, last) for s in runs}
+    finals = {s["defense"]: final_accuracy(s, last) for s in runs}
     reference = finals.get(REFERENCE, (None, None))[0]
     rows = []
     for s in sorted(runs, key=lambda s: order.index(s["defense"])):
@@ -87,7 +87,21 @@ def describe(block: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in block.items() if k not in ("kind", "label", "from"))
 
 
-def _final(summary: dict[str, Any], last: int) -> tuple[float | None, int | None]:
+def training_metrics(
+    runs: list[dict[str, Any]], last: int
+) -> dict[str, dict[tuple[str, str], float | None]]:
+    """The accuracy (%) and PMM of each run by (dataset, defense), for the tables that show
+    what a defense costs (metrics of scope ``training``); PMM is relative to the ``none`` run
+    of the same dataset, None where either run failed."""
+    accuracy = {(s["dataset"], s["defense"]): final_accuracy(s, last)[0] for s in runs}
+    pmm = {}
+    for (dataset, defense), value in accuracy.items():
+        reference = accuracy.get((dataset, REFERENCE))
+        pmm[(dataset, defense)] = None if value is None or not reference else value / reference
+    return {"accuracy": accuracy, "pmm": pmm}
+
+
+def final_accuracy(summary: dict[str, Any], last: int) -> tuple[float | None, int | None]:
     """Test accuracy (%) of a finished run, the mean of its ``last`` evaluations, and the last
     evaluated round; None if it failed."""
     evals = [p for p in summary["history"] if "test_accuracy" in p][-last:]

@@ -33,11 +33,17 @@ from gradinv.tables.files import DEFAULT_METRICS, unavailable_column
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """How a metric is named and read in the paper: its label, arrow and printed decimals."""
+    """How a metric is named and read in the paper: its label, arrow and printed decimals.
+
+    ``scope``: ``victim``, one value per attacked victim (the cell is their mean), or
+    ``training``, one value per defense from its FL training run (the utility study's accuracy
+    and PMM), the same in every cell of the defense's row: the cell shows it with n = 1.
+    """
 
     label: str
     arrow: str  # CENSOR's direction: "↑" higher is better for the defender, "↓" lower is better
     decimals: int
+    scope: str = "victim"
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -45,11 +51,16 @@ METRICS: dict[str, MetricSpec] = {
     "lpips": MetricSpec("LPIPS", "↑", 4),
     "psnr": MetricSpec("PSNR", "↓", 3),
     "ssim": MetricSpec("SSIM", "↓", 4),
+    "noise_ratio": MetricSpec("NoiseRatio", "↑", 3),
     "label_accuracy": MetricSpec("LabelAcc", "↓", 3),
     # What the server received: cosine of the shared update with the client's true gradient,
     # and (CENSOR) whether no candidate beat the undefended loss; the mean is the rate.
     "update_cosine": MetricSpec("UpdateCos", "↓", 4),
     "fallback_rate": MetricSpec("Fallback", "↓", 3),
+    # What the defense costs: the test accuracy (%) of FL training under it, and Refiner's PMM
+    # (that accuracy over the accuracy without a defense), from the utility study's runs.
+    "accuracy": MetricSpec("Accuracy", "↑", 2, scope="training"),
+    "pmm": MetricSpec("PMM", "↑", 3, scope="training"),
 }
 STATS: tuple[str, ...] = ("mean", "std", "n", "failed", "note")
 #: Columns that must not vary inside one cell unless they are rows of the table.
@@ -143,6 +154,16 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
         notes.append(f"{nonfinite} ok run(s) gave a non-finite {label}")
     if len(failed):
         notes.append(f"{len(failed)} failed: {_joined(failed['failure']) or 'no reason given'}")
+    if metric_spec(metric).scope == "training" and len(finite):
+        # One training run's value, repeated on each victim's line: a sample of one.
+        return {
+            "mean": float(finite[0]),
+            "std": math.nan,
+            "n": 1,
+            "failed": 0,
+            "note": "from the defense's FL training run (utility study)",
+            "unavailable": 0,
+        }
     n = len(finite)
     return {
         "mean": float(np.mean(finite)) if n else math.nan,

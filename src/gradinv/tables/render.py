@@ -20,7 +20,7 @@ from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
 from gradinv.tables.figures import sweep_figure, table_figure
-from gradinv.tables.files import DEFAULT_METRICS, collect
+from gradinv.tables.files import DEFAULT_METRICS, collect, unavailable_column
 from gradinv.tables.markdown import render_markdown
 
 FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
@@ -86,6 +86,7 @@ def render_table(
     title: str | None = None,
     reproduces: str = "the published table",
     sweep: Sweep | None = None,
+    training: Mapping[str, Mapping[tuple[str, str], float | None]] | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv`` and ``figures/<name>.png``.
 
@@ -94,10 +95,17 @@ def render_table(
     the Markdown, followed by the provenance recorded in the files (commits, config hashes).
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
-    figure is a line over the swept value (a round, CENSOR's T) instead of bars.
+    figure is a line over the swept value (a round, CENSOR's T) instead of bars. ``training``
+    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, defense), from the
+    defenses' FL training runs rather than the metrics files.
     """
     out_dir = Path(out_dir)
-    df = collect(metric_files, metrics=metrics)
+    training = training or {}
+    df = collect(metric_files, metrics=[m for m in metrics if m not in training])
+    for metric, values in training.items():
+        df[metric] = [values.get((d, f)) for d, f in zip(df["dataset"], df["defense"], strict=True)]
+        df[unavailable_column(metric)] = df[metric].isna()
+        df[metric] = df[metric].astype(float)
     scales = _scales(df, setting)
     scaled_down = "embedded" in scales
     if scaled_down and not scaled_down_note.strip():
