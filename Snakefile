@@ -16,6 +16,7 @@ from gradinv.config import (
     capture_file,
     convergence_curves_k,
     defense_assets,
+    evaluation_network_files,
     generator_files,
     generator_names,
     job_settings,

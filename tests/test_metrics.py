@@ -309,7 +309,9 @@ def test_lpips_without_weights_is_unavailable_and_never_builds_a_network(monkeyp
     def no_build(*args, **kwargs):
         raise AssertionError("a network was built without verified weights")
 
-    monkeypatch.setattr(lpips_metric.lpips, "LPIPS", no_build)
+    import lpips
+
+    monkeypatch.setattr(lpips, "LPIPS", no_build)
     x = images(n=2)
     with (
         pytest.warns(LPIPSUnavailableWarning, match="vgg16-397923af.pth"),

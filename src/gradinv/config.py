@@ -361,6 +361,24 @@ def metric_assets(config: dict[str, Any], dataset: str) -> list[str]:
     return []
 
 
+def evaluation_network_files(config: dict[str, Any]) -> list[str]:
+    """Every evaluation network the tables and training studies read (dvc.yaml's `evalnet`)."""
+    files = set()
+    for spec in config["tables"].values():
+        for dataset in spec["datasets"]:
+            files.update(metric_assets(config, dataset))
+            for defense in spec["defenses"]:
+                files.update(defense_assets(config, defense, dataset))
+    conv = config["convergence"]
+    for study, defenses in (
+        (config["utility"], config["utility"]["defenses"]),
+        (conv, [*conv["defenses"], *conv["clients_defenses"]]),
+    ):
+        for defense in defenses:
+            files.update(defense_assets(config, defense, study["dataset"]))
+    return sorted(files)
+
+
 def malicious_attacks(config: dict[str, Any]) -> list[str]:
     """The attacks whose server changes the model it sends (Imprint): each has its own capture."""
     from gradinv.attacks import ATTACKS

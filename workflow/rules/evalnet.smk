@@ -24,3 +24,9 @@ rule train_evalnet:
     shell:
         "gradinv train-evalnet --settings {params.settings:q} --prepared-dir data/prepared "
         "--partition {input.partition} --out {output.network} > {log} 2>&1"
+
+
+rule evaluation_networks:
+    # Every evaluation network the tables and studies read (dvc.yaml's `evalnet` stage).
+    input:
+        evaluation_network_files(config),

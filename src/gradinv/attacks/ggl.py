@@ -34,7 +34,6 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import cma
 import numpy as np
 import torch
 from torch import Tensor
@@ -116,6 +115,8 @@ class GGL(GenerativeAttack):
         else:
             starts, seeds, history = saved["starts"], saved["seeds"], saved["history"]
             told = list(saved["told"].numpy())
+        import cma  # on use: it imports scipy.stats, seconds for every job that never runs GGL
+
         options = {"popsize": s.population, "verbose": -9}
         strategies = [
             cma.CMAEvolutionStrategy(x0.double().numpy(), s.sigma, {**options, "seed": int(seed)})

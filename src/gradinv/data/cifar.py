@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision import datasets
 
 from gradinv.data import DATASETS
 from gradinv.data.download import (
@@ -30,7 +29,7 @@ from gradinv.data.download import (
 
 
 class _Cifar(TorchvisionSource):
-    tv_class: ClassVar[type[datasets.CIFAR10]]
+    tv_name: ClassVar[str]  # torchvision's dataset class
 
     @classmethod
     def val_size(cls, settings: Any) -> int:
@@ -40,7 +39,9 @@ class _Cifar(TorchvisionSource):
     def fetch_splits(
         cls, settings: DownloadSettings, root: Path
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
-        tv = cls.tv_class
+        from torchvision import datasets  # on use: importing it costs seconds per job
+
+        tv = getattr(datasets, cls.tv_name)
         url = mirror_url(tv.url, settings.mirror)  # file name and checksums stay torchvision's
         folder = root / tv.base_folder
         extracted = [(folder / f, md5) for f, md5 in tv.train_list + tv.test_list]
@@ -63,11 +64,11 @@ class _Cifar(TorchvisionSource):
 class Cifar10(_Cifar):
     paper_name = "CIFAR-10"
     name = "cifar10"
-    tv_class = datasets.CIFAR10
+    tv_name = "CIFAR10"
 
 
 @DATASETS.register("cifar100")
 class Cifar100(_Cifar):
     paper_name = "CIFAR-100"
     name = "cifar100"
-    tv_class = datasets.CIFAR100
+    tv_name = "CIFAR100"

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import sklearn
 import torch
-from sklearn.datasets import load_digits
 
 from gradinv.data import DATASETS
 from gradinv.data.base import DatasetSource, RawSplits, as_labels, resize_images, split_per_class
@@ -35,6 +33,9 @@ class Digits(DatasetSource):
 
     @classmethod
     def load(cls, settings: Settings, root: Path, seed: int) -> RawSplits:
+        import sklearn  # on use: importing it costs seconds for every job that loads data
+        from sklearn.datasets import load_digits
+
         bunch = load_digits()
         # 0..16 grey levels -> 0..255 before resizing, so rounding happens once, at the end.
         small = torch.from_numpy(bunch.images.astype(np.float32) * (255.0 / 16.0))

@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
 
 from gradinv.io import CorruptFileError
 
@@ -38,6 +36,10 @@ def read_image(path: Path, size: int) -> Tensor:
         raise CorruptFileError(
             f"{path} is not a readable image ({err}); replace or remove it."
         ) from err
+    # on use: importing torchvision costs seconds per job
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
     img = TF.resize(img, size, interpolation=InterpolationMode.BILINEAR, antialias=True)
     return TF.pil_to_tensor(TF.center_crop(img, [size, size]))
 

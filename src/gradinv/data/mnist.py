@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision import datasets
 
 from gradinv.data import DATASETS
 from gradinv.data.download import DownloadSettings, TorchvisionSource, download, gunzip
@@ -27,6 +26,8 @@ class Mnist(TorchvisionSource):
     def fetch_splits(
         cls, settings: DownloadSettings, root: Path
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
+        from torchvision import datasets  # on use: importing it costs seconds per job
+
         tv = datasets.MNIST
         mirrors = [settings.mirror.rstrip("/") + "/"] if settings.mirror else list(tv.mirrors)
         # torchvision's folder (root/MNIST/raw), file names and checksums; it reads the unpacked

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision import datasets
 
 from gradinv.data import DATASETS
 from gradinv.data.download import DownloadSettings, TorchvisionSource, download, mirror_url
@@ -28,6 +27,8 @@ class Svhn(TorchvisionSource):
     def fetch_splits(
         cls, settings: DownloadSettings, root: Path
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...], str]:
+        from torchvision import datasets  # on use: importing it costs seconds per job
+
         tv = datasets.SVHN
         out: list = []
         urls = {}

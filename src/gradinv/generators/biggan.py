@@ -30,12 +30,10 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-from pytorch_pretrained_biggan import BigGAN, BigGANConfig
-from pytorch_pretrained_biggan.model import PRETRAINED_MODEL_ARCHIVE_MAP, GenBlock
 from torch import Tensor, nn
 from torch.nn.utils.spectral_norm import SpectralNorm
 
@@ -43,10 +41,18 @@ from gradinv.generators import GENERATORS
 from gradinv.generators.base import Context, Generator, WeightsError
 from gradinv.settings import ConfigError, bounded
 
+if TYPE_CHECKING:  # the package is imported on use: it imports scipy.stats, seconds per job
+    from pytorch_pretrained_biggan import BigGAN, BigGANConfig
+
 Model = Literal["biggan-deep-128", "biggan-deep-256", "biggan-deep-512"]
 
-# Where the package downloads each model's pytorch_model.bin (for the fetch rule).
-WEIGHTS_URLS: dict[str, str] = dict(PRETRAINED_MODEL_ARCHIVE_MAP)
+
+def weights_urls() -> dict[str, str]:
+    """Where the package downloads each model's pytorch_model.bin (for the fetch rule)."""
+    from pytorch_pretrained_biggan.model import PRETRAINED_MODEL_ARCHIVE_MAP
+
+    return dict(PRETRAINED_MODEL_ARCHIVE_MAP)
+
 
 # GenBlocks as (upsample, in_mult, out_mult); channels are multiples of channel_width (128).
 # From 4x4, two blocks per resolution (Table 8); the comments give each block's output side.
@@ -93,6 +99,8 @@ def config(model: str) -> BigGANConfig:
         close = difflib.get_close_matches(model, ARCHITECTURES, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"one of {', '.join(ARCHITECTURES)}."
         raise ConfigError(f"generators.biggan.model: unknown BigGAN {model!r}; {hint}")
+    from pytorch_pretrained_biggan import BigGANConfig
+
     arch = ARCHITECTURES[model]
     return BigGANConfig(**{**arch, "layers": list(arch["layers"])})
 
@@ -105,6 +113,8 @@ def package_model(model: str) -> BigGAN:
     spectral norm's singular vectors (random, so ``u^T W v`` can be ~0 or negative; settled by
     power iteration as training would). Running statistics stay the package's (means 0, vars 1).
     """
+    from pytorch_pretrained_biggan import BigGAN
+
     net = BigGAN(config(model)).eval()
     with torch.no_grad():
         net.generator.bn.weight.fill_(1.0)
@@ -151,6 +161,12 @@ class BigGANDeep(Generator):
         self.num_classes = net.config.num_classes
         self.resolution = net.config.output_dim
         self.num_blocks = len(self.generator.layers)
+        from pytorch_pretrained_biggan.model import GenBlock
+
+        # the blocks that take the class condition (all but the self-attention layer)
+        self.conditioned = {
+            k for k, m in enumerate(self.generator.layers) if isinstance(m, GenBlock)
+        }
 
     # ------------------------------------------------------------------ blocks
     def context(self, z: Tensor, labels: Tensor | None, generator: torch.Generator) -> Context:
@@ -179,7 +195,7 @@ class BigGANDeep(Generator):
 
     def block(self, k: int, h: Tensor, ctx: Context) -> Tensor:
         layer = self.generator.layers[k]
-        if isinstance(layer, GenBlock):
+        if k in self.conditioned:
             return layer(h, self._condition(ctx), self.truncation)
         return layer(h)  # the self-attention layer
 
@@ -199,6 +215,8 @@ class BigGANDeep(Generator):
     @classmethod
     def load(cls, settings: Settings, path: Path, name: str) -> BigGANDeep:
         """``path``: the package's ``pytorch_model.bin`` of ``settings.model``, loaded strictly."""
+        from pytorch_pretrained_biggan import BigGAN
+
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, Mapping):
             raise WeightsError(
@@ -245,9 +263,9 @@ def _mismatches(state: Mapping[str, object], expected: Mapping[str, Tensor]) -> 
 
 __all__ = [
     "ARCHITECTURES",
-    "WEIGHTS_URLS",
     "BigGANDeep",
     "bake_spectral_norm",
     "config",
     "package_model",
+    "weights_urls",
 ]

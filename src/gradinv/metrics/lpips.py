@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-import lpips
 import torch
-import torchvision
 from torch import Tensor, nn
 
 from gradinv.io import sha256_file
@@ -65,6 +63,8 @@ class BackboneSpec:
 
 def backbone_spec(net: str) -> BackboneSpec:
     """The checkpoint the installed torchvision would download for ``net``'s ImageNet weights."""
+    import torchvision  # on use (as lpips below): importing it costs seconds per job
+
     enum_name, _ = _TORCHVISION_WEIGHTS[net]
     url = getattr(torchvision.models, enum_name).IMAGENET1K_V1.url
     filename = os.path.basename(urlparse(url).path)  # the name torch.hub caches it under
@@ -115,6 +115,8 @@ def locate_backbone(net: str, weights_path: str = "") -> tuple[Path | None, str]
 
 
 def _package_linear_layers(net: str) -> Path:
+    import lpips
+
     return Path(lpips.__file__).parent / "weights" / "v0.1" / f"{net}.pth"
 
 
@@ -125,6 +127,8 @@ def build_network(net: str, path: Path) -> nn.Module:
     initialization; the linear layers are checked against the wheel's file, because ``lpips``
     loads them with ``strict=False`` and would silently keep random ones on a key mismatch.
     """
+    import lpips
+
     lin_path = _package_linear_layers(net)
     if not lin_path.is_file():
         raise FileNotFoundError(

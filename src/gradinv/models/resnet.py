@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torchvision
 from torch import nn
 
 from gradinv.models import MODELS
@@ -27,6 +26,8 @@ class ResNet18:
 
     @staticmethod
     def build(num_classes: int, in_channels: int, image_size: int, s: Settings) -> nn.Module:
+        import torchvision  # on use: importing it costs seconds per job
+
         norm_layer = nn.BatchNorm2d if s.norm == "batch" else _group_norm
         model = torchvision.models.ResNet(
             torchvision.models.resnet.BasicBlock,
@@ -52,6 +53,8 @@ def _group_norm(channels: int) -> nn.GroupNorm:
 
 def _rescale_width(model: nn.Module, width: int, num_classes: int, norm_layer) -> nn.Module:
     """torchvision fixes the stage widths at 64..512; rebuild with ``width`` .. 8*width."""
+    import torchvision
+
     model.inplanes = width
     model.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
     model.bn1 = norm_layer(width)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torchvision
 from torch import nn
 
 from gradinv.models import MODELS
@@ -41,6 +40,8 @@ class ViT:
                 f"the ViT's hidden size {s.hidden_dim} is not a multiple of its {s.num_heads} "
                 "heads; change models.<name>.hidden_dim or num_heads"
             )
+        import torchvision  # on use: importing it costs seconds per job
+
         model = torchvision.models.VisionTransformer(
             image_size=image_size,
             patch_size=s.patch_size,
