@@ -114,23 +114,63 @@ def test_a_batch_start_prefers_another_label_and_a_lone_image_starts_from_noise(
         dcs2(start="batch").shared_update(model, x, y, F.cross_entropy, torch.Generator())
 
 
-def test_the_box_keeps_concealed_samples_valid_images():
-    model, x, y = case()
-    defense = dcs2(iterations=30, lr=1.0, box=True)
-    captured = {}
+def concealed_samples(monkeypatch, defense, model, x, y):
+    """The concealed samples a shared update made (caught on their way to Eq. 7)."""
+    caught = {}
     original = DCS2._mix
 
-    def keep(self, model, g, concealed, *rest):
-        captured["x"] = concealed
-        return original(self, model, g, concealed, *rest)
+    def catch(self, model, inputs, labels, g, concealed, *rest):
+        caught["x"] = concealed
+        return original(self, model, inputs, labels, g, concealed, *rest)
 
-    DCS2._mix = keep
-    try:
-        defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
-    finally:
-        DCS2._mix = original
-    pixels = denormalize(captured["x"], MEAN, STD)
+    monkeypatch.setattr(DCS2, "_mix", catch)
+    defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    return caught["x"]
+
+
+def test_the_box_keeps_concealed_samples_valid_images(monkeypatch):
+    model, x, y = case()
+    concealed = concealed_samples(monkeypatch, dcs2(iterations=30, lr=1.0), model, x, y)
+    pixels = denormalize(concealed, MEAN, STD)
     assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
+
+
+def test_a_sample_stopped_early_stays_where_it_stopped(monkeypatch):
+    """The code's early stop: a concealed sample that moved farther than stop_distance from its
+    sensitive sample leaves the search where it is (Adam's momentum must not carry it on)."""
+    model, x, y = case()
+    one_step = concealed_samples(monkeypatch, dcs2(iterations=1), model, x, y)
+    assert (one_step - x[:2]).flatten(1).norm(dim=1).min() > 1e-3
+    stopped = concealed_samples(monkeypatch, dcs2(iterations=40, stop_distance=1e-3), model, x, y)
+    assert torch.equal(stopped, one_step)  # every sample is beyond 1e-3 after its first step
+
+
+def test_the_search_leaves_no_gradient_on_the_model(monkeypatch):
+    model, x, y = case()
+    concealed_samples(monkeypatch, dcs2(iterations=3), model, x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_augmented_batch_is_one_pass_also_with_batch_norm(monkeypatch):
+    """Eq. 7 with lam = 1 is the gradient of the batch augmented by the concealed samples (the
+    paper's words): one pass over [concealed; batch], train-mode batch norm included, and the
+    running statistics move once, with that pass."""
+    spec = SPEC.__class__("resnet18", 10, 1, 16, {"width": 8, "small_image_stem": True})
+    model = build_model(spec, seed=0).train()
+    _, x, y = case()
+    defense = dcs2(lam=1.0, iterations=2)
+    concealed = concealed_samples(monkeypatch, defense, model, x, y)
+    monkeypatch.undo()
+    starts = torch.stack([y[1], y[2]])  # the batch start: the first other label (case's labels)
+    reference = build_model(spec, seed=0).train()
+    augmented = gradients_of(
+        reference, torch.cat([concealed, x]), torch.cat([starts, y]), F.cross_entropy
+    )
+    model = build_model(spec, seed=0).train()
+    shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    assert all(torch.allclose(shared[n], augmented[n], atol=1e-5) for n in augmented)
+    moved, once = dict(model.named_buffers()), dict(reference.named_buffers())
+    assert all(torch.allclose(moved[n].float(), once[n].float()) for n in once)
 
 
 def test_only_the_sensitive_samples_are_scored():
@@ -164,3 +204,24 @@ def test_eq7_as_printed_outweighs_the_batch_and_stalls_training():
     g = gradients_of(model, x, y, F.cross_entropy)
     # B = 4, two concealed: literal = g + c, augmented = (4 g + c) / 6
     assert all(torch.allclose(6 * b[n] - 4 * g[n], a[n] - g[n], atol=1e-5) for n in g)
+
+
+def test_known_labels_cannot_describe_a_batch_with_concealed_samples(tmp_path, capsys):
+    """The capture refuses DCS² under threat_model.labels: known, before any search: the
+    shared batch holds samples the client made, whose labels are no data's."""
+    from stages import Stages
+
+    s = Stages(tmp_path, defense="dcs2", threat_model__labels="known")
+    for step in (s.prepare, s.partition_data, s.select_victim):
+        assert step() == 0
+    s.captured_checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    spec = SPEC.__class__("cnn3", 15, 3, 32, {"channels": [16, 32, 64], "kernel_size": 5})
+    from gradinv.io import save_tensors
+    from gradinv.protocol import ServerMessage
+
+    save_tensors(
+        s.captured_checkpoint, ServerMessage(spec, build_model(spec).state_dict(), 0).to_dict()
+    )
+    assert s.capture_update() == 2
+    assert "threat_model.labels: known" in capsys.readouterr().err
+    assert not s.capture.exists()

@@ -142,6 +142,52 @@ def test_failed_runs_are_counted_never_averaged(tmp_path):
     assert "non-finite PSNR" in cell["IG PSNR↓ note"]
 
 
+def test_a_run_with_nothing_to_score_is_neither_ok_nor_failed(tmp_path):
+    """DCS² with sensitive labels protects nothing in a batch without them: that victim is
+    counted apart, with the reason, neither averaged in nor counted as a failure."""
+    reason = "the batch holds no sensitive sample: the defense protected none of it"
+    records = [run(victim=0), run(victim=1, status="not_scored", failure=reason, mse=None)]
+    cell = paper_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none"])
+    cell = cell.iloc[0]
+    assert (cell["IG MSE↑ n"], cell["IG MSE↑ failed"]) == (1, 0)
+    assert cell["IG MSE↑ mean"] == pytest.approx(0.01)
+    assert "1 not scored: " + reason in cell["IG MSE↑ note"]
+
+
+def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
+    """Metrics of scope training: one value per defense in every attack's column, whatever the
+    attacks did; a failed training run is a failure with its reason."""
+    records = [run(d, a, v) for d in ("none", "noise") for a in ("ig", "gi") for v in range(2)]
+    records[0] |= {"status": "failed", "failure": "non-finite attack loss"}
+    why = "training failed: non-finite training loss at round 3"
+    training = {
+        "pmm": {("patches", "none"): (1.0, ""), ("patches", "noise"): (None, why)},
+        "accuracy": {("patches", "none"): (50.0, ""), ("patches", "noise"): (None, why)},
+    }
+    render_table(
+        "t",
+        write(tmp_path, records),
+        tmp_path,
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        metrics=["psnr", "accuracy", "pmm"],
+        training=training,
+    )
+    table = pd.read_csv(tmp_path / "t.csv").set_index("defense")
+    assert table.loc["No Defense", "IG PMM↑ mean"] == 1.0  # its IG victim 0 failed: no matter
+    assert table.loc["No Defense", "GI Accuracy↑ mean"] == 50.0
+    assert table.loc["No Defense", "IG PMM↑ n"] == 1 and pd.isna(
+        table.loc["No Defense", "IG PMM↑ std"]
+    )
+    assert table.loc["Noise", "IG PMM↑ failed"] == 1 and why in table.loc["Noise", "IG PMM↑ note"]
+    md = (tmp_path / "t.md").read_text()
+    assert "from each defense's FL training run" in md and why in md
+
+
 def test_unavailable_lpips_is_empty_with_reason(tmp_path):
     reason = "unavailable: lpips weights not found offline"
     records = [run(victim=v, lpips=None, lpips_status=reason) for v in range(2)]

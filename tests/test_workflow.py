@@ -161,6 +161,33 @@ def test_utility_dry_run_trains_every_defense_once(tmp_path, overlay):
     assert "train" not in counts  # the utility runs are their own, with the study's FL setting
 
 
+def test_data_centric_dry_run_captures_the_malicious_server_apart(tmp_path):
+    """Refiner, DCS² and Imprint in one table (workflow/configs/data_centric.yaml): the honest
+    capture per defense and victim, one more per malicious attack, one evaluation network."""
+    root = workflow_copy(tmp_path)
+    overlay = "workflow/configs/data_centric.yaml"
+    proc = snakemake(
+        "-n",
+        "results/data_centric.csv",
+        "evaluation_networks",
+        "--configfile",
+        overlay,
+        "--cores",
+        "1",
+        "--quiet",
+        "rules",
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    table = yaml.safe_load((root / overlay).read_text())["tables"]["data_centric"]
+    victims = yaml.safe_load((root / "params.yaml").read_text())["capture"]["victims"]
+    cells = len(table["defenses"]) * victims
+    assert counts["capture"] == cells and counts["capture_malicious"] == cells  # Imprint's
+    assert counts["attack"] == cells * len(table["attacks"])
+    assert counts["train_evalnet"] == 1  # the noise ratio's and Refiner's, one per dataset
+
+
 @pytest.mark.slow
 def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
     root = workflow_copy(tmp_path)
@@ -332,4 +359,4 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tmp_path):
     assert refined["client"]["defense"]["gradient_distance"] > 0
     assert refined["client"]["update_cosine"] < 1.0
     md = (root / "results/data_centric.md").read_text()
-    assert "PMM" in md and "from the defense's FL training run" in md
+    assert "PMM" in md and "from each defense's FL training run" in md

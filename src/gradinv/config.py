@@ -590,7 +590,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump(
             {
                 **common,
-                "evaluation_network": config["evaluation_network"],
+                "evaluation_network": method_settings(config["evaluation_network"]),
                 "dataset": w["dataset"],
                 "partition": config["partition"],
             }
@@ -685,7 +685,11 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "capture": config["capture"],
         }
         if "attack" in w:  # a malicious server's capture: the model its attack changed
-            out["malicious"] = config["attacks"][w["attack"]]
+            from gradinv.attacks import ATTACKS
+
+            block = config["attacks"][w["attack"]]
+            fields = ATTACKS.get(block["kind"]).modification_fields
+            out["malicious"] = {"kind": block["kind"]} | {f: block[f] for f in fields if f in block}
     elif stage == "attack":
         out |= {
             "attack": config["attacks"][w["attack"]],

@@ -140,6 +140,9 @@ class Attack:
     # victim's update is captured on the model of :meth:`malicious_model` (the capture stage
     # does this for the attack), and every result records it (``summary["server"]``).
     server: ClassVar[Literal["honest", "malicious"]] = "honest"
+    # A malicious attack's settings that shape the model it sends (Imprint's bins): only these
+    # reach its capture, so changing another setting (a label) recaptures nothing.
+    modification_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Any, threat: ThreatModel) -> None:
         self.settings = settings

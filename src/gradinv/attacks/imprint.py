@@ -140,7 +140,7 @@ class Imprint(Attack):
         connection: Literal["replace", "add"] = "replace"
 
     # The settings that shape the block: the capture's model must have been made with these.
-    BLOCK_FIELDS = ("bins", "mean", "std", "connection")
+    modification_fields = ("bins", "mean", "std", "connection")
 
     @classmethod
     def budget(cls, settings: Settings) -> str:
@@ -183,7 +183,7 @@ class Imprint(Attack):
         sent = from_mapping(type(self.settings), mod["settings"], where="the capture's imprint")
         differ = [
             f"{f}: sent {getattr(sent, f)!r}, attack {getattr(self.settings, f)!r}"
-            for f in self.BLOCK_FIELDS
+            for f in self.modification_fields
             if getattr(sent, f) != getattr(self.settings, f)
         ]
         if differ:

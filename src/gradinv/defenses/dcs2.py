@@ -38,7 +38,9 @@ Choices where both are silent:
 - Start points (Section 2.3, Remark; Table 4): ``batch``: another sample of the batch, one with a
   different label first (Appendix A.3: a different label conceals better), y~_c its label;
   ``noise``: uniform noise in [0, 1], y~_c drawn at random; ``public``: an image of the public pool
-  (Table 4's QMNIST, a neighbouring dataset) with a different label; ``auto``: ``batch`` when the
+  (Table 4's QMNIST, a neighbouring dataset) with a different label (the pool is CENSOR's: the
+  last ``public_images`` validation images of one class, so a sensitive sample of that class gets
+  a start of its own label); ``auto``: ``batch`` when the
   batch has another sample, else ``noise`` (a batch of one image), recorded per update.
 - Sensitive samples: ``sensitive: fraction`` marks the first ceil(fraction * B) samples of the
   batch (a client's batch is a random draw, so this is a random choice), ``labels`` every sample
@@ -52,6 +54,7 @@ Choices where both are silent:
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
@@ -122,11 +125,14 @@ class DCS2(Defense):
         generator: torch.Generator,
     ) -> Gradients:
         s = self.settings
-        g = {n: v.detach() for n, v in gradients_of(model, inputs, labels, loss_fn).items()}
         sensitive = self.sensitive_indices(labels)
         self.last = {"sensitive": sensitive, "concealed": 0, "projected": False}
         if not sensitive:  # nothing to protect in this batch: the plain gradient
-            return g
+            return {n: v.detach() for n, v in gradients_of(model, inputs, labels, loss_fn).items()}
+        # Batch-norm statistics move once, with the pass whose gradient is shared: the augmented
+        # batch's (or, for Eq. 7 as printed, the batch's); every other pass keeps them.
+        with buffers_kept(model) if s.mixing == "augmented" else nullcontext():
+            g = {n: v.detach() for n, v in gradients_of(model, inputs, labels, loss_fn).items()}
         owners = [i for i in sensitive for _ in range(s.concealed)]
         num_classes = classifier_layer(model)[1].out_features
         starts, start_labels, used = self._starts(inputs, labels, owners, num_classes, generator)
@@ -137,7 +143,7 @@ class DCS2(Defense):
             concealed, objectives = self._conceal(
                 model, starts, start_labels, targets, labels[owners], loss_fn
             )
-        g_c = self._mix(model, g, concealed, start_labels, labels[owners], len(labels), loss_fn)
+        g_c = self._mix(model, inputs, labels, g, concealed, start_labels, labels[owners], loss_fn)
         cosine = _dot(g, g_c) / math.sqrt(_dot(g, g) * _dot(g_c, g_c) + 1e-30)
         projected = s.projection and _dot(g, g_c) < 0
         if projected:
@@ -223,23 +229,26 @@ class DCS2(Defense):
         x = starts.detach().clone().requires_grad_(True)
         optimizer = torch.optim.Adam([x], lr=s.lr)
         active = torch.ones(len(x), dtype=torch.bool, device=x.device)
+        stopped = x.detach().clone()  # a sample that stopped early stays where it stopped
         values = []
         for _ in range(s.iterations):
             grads = _rows(per_sample_gradients(model, x, start_labels, loss_fn))
             cosine = F.cosine_similarity(grads, target_grads, dim=1)
             objective = self._objective(cosine, x, targets, model(x), target_logits)
             values.append(float(objective.detach().sum()))
-            optimizer.zero_grad()
-            (objective * active).sum().backward()
+            # the gradient of x alone: the model's parameters keep no .grad from the search
+            (x.grad,) = torch.autograd.grad(objective.sum(), x)
             optimizer.step()
-            if box is not None:
-                with torch.no_grad():
+            with torch.no_grad():
+                if box is not None:
                     x.copy_(torch.maximum(torch.minimum(x, box[1]), box[0]))
-            if s.stop_distance > 0:
-                with torch.no_grad():
-                    active &= (x - targets).flatten(1).norm(dim=1) <= s.stop_distance
-                if not active.any():
-                    break
+                x[~active] = stopped[~active]  # Adam's momentum would move them on
+                if s.stop_distance > 0:
+                    now = active & ((x - targets).flatten(1).norm(dim=1) <= s.stop_distance)
+                    stopped[active & ~now] = x[active & ~now]
+                    active = now
+            if not active.any():
+                break
         return x.detach(), values
 
     def _box(self, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -270,21 +279,39 @@ class DCS2(Defense):
     def _mix(
         self,
         model: nn.Module,
+        inputs: Tensor,
+        labels: Tensor,
         g: Gradients,
         concealed: Tensor,
         concealed_labels: Tensor,
         sensitive_labels: Tensor,
-        batch: int,
         loss_fn: LossFn,
     ) -> Gradients:
-        """Eq. 7: the mean over the augmented batch, or (``mixing: literal``) as printed."""
-        s = self.settings
-        own = per_sample_gradients(model, concealed, concealed_labels, loss_fn)
-        theirs = per_sample_gradients(model, concealed, sensitive_labels, loss_fn)
-        total = {n: (s.lam * own[n] + (1 - s.lam) * theirs[n]).sum(0).detach() for n in g}
+        """Eq. 7. ``augmented``: the gradient of one pass over [concealed; batch], each concealed
+        sample's loss lam * L(x_c, y~_c) + (1 - lam) * L(x_c, y_s), the mean over B + K samples
+        (exact with train-mode batch norm, as the code's pass over the augmented batch);
+        ``literal``: g plus the concealed samples' summed gradients, as printed."""
+        s, k, b = self.settings, len(concealed), len(labels)
+
+        def mixture(logits: Tensor) -> Tensor:  # the mean of the concealed samples' losses
+            own = loss_fn(logits, concealed_labels)
+            return s.lam * own + (1 - s.lam) * loss_fn(logits, sensitive_labels)
+
         if s.mixing == "literal":
-            return {n: g[n] + total[n] for n in g}
-        return {n: (batch * g[n] + total[n]) / (batch + len(concealed)) for n in g}
+            with buffers_kept(model):
+                extra = gradients_of(
+                    model, concealed, concealed_labels, lambda o, _: k * mixture(o)
+                )
+            return {n: g[n] + extra[n].detach() for n in g}
+
+        def augmented(logits: Tensor, _: Tensor) -> Tensor:
+            return (k * mixture(logits[:k]) + b * loss_fn(logits[k:], labels)) / (k + b)
+
+        joint = torch.cat([concealed, inputs.detach()])
+        joint_labels = torch.cat([concealed_labels, labels])  # the labels the loss reads
+        return {
+            n: v.detach() for n, v in gradients_of(model, joint, joint_labels, augmented).items()
+        }
 
     def _project(self, g: Gradients, g_c: Gradients) -> Gradients:
         """Eq. 8-9: g^_c = g v* + g_c, v* = argmin 1/2 g'g v^2 + g_c'g v s.t. v >= margin."""

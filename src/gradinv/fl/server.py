@@ -96,7 +96,8 @@ def train(
         model.load_state_dict(saved["model"])
         rng.bit_generator.state = saved["numpy_rng"]
         generator.set_state(saved["torch_rng"])
-        defense.load_state_dict(saved["defense"])
+        if "defense" in saved:  # progress saved before defenses kept state has none
+            defense.load_state_dict(saved["defense"])
         history, first = saved["history"], saved["round"] + 1
         progress.resumed(f"after round {saved['round']} of {fl.rounds}")
         for rnd in fl.checkpoint_rounds:  # declared outputs were deleted: write them again

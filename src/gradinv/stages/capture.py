@@ -23,6 +23,7 @@ from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate, normalize
 from gradinv.resources import acquire_device
+from gradinv.settings import ConfigError
 from gradinv.stages.common import client_defense, derive_seed, project_path, setup, update_lr
 
 
@@ -114,6 +115,14 @@ def run(
             settings, chosen, secret, victim, len(batch.labels), prepared_dir
         ),
     )
+    shared_size = defense.shared_batch_size(batch.labels)  # DCS² adds concealed samples
+    if threat["labels"] == "known" and shared_size != len(batch.labels):
+        raise ConfigError(
+            f"threat_model.labels: known gives the attacker the labels of the batch behind the "
+            f"update, but defense {settings['defense_name']} shares the gradient of "
+            f"{shared_size} samples, {shared_size - len(batch.labels)} of them samples it made "
+            "(DCS²'s concealed samples, labelled by a mixture): use threat_model.labels: infer"
+        )
     fl = settings["fl"]
     seed = derive_seed(
         settings["seed"],
@@ -150,7 +159,7 @@ def run(
         diagnostics = client_diagnostics(defense, update, undefended)
     meta = PublicMeta(
         dataset=settings["dataset"],
-        batch_size=defense.shared_batch_size(batch.labels),  # DCS² adds concealed samples
+        batch_size=shared_size,
         image_shape=tuple(batch.images.shape[1:]),
         num_classes=int(secret["num_classes"]),
         mean=mean,

@@ -10,11 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gradinv.io import load_tensors, write_json
+from gradinv.io import load_tensors, sha256_file, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
 from gradinv.metrics.noise_ratio import resolve_evaluation_network
 from gradinv.settings import from_mapping
-from gradinv.stages.common import record, setup
+from gradinv.stages.common import project_path, record, setup
 
 TRACKED = ("mse", "psnr", "ssim", "lpips", "noise_ratio", "label_accuracy")
 
@@ -73,10 +73,10 @@ def run(
     originals = secret["images"] if sensitive is None else secret["images"][sensitive]
     row["scored_samples"] = list(range(len(secret["labels"]))) if sensitive is None else sensitive
     scores: dict[str, Any] = {}
-    if rec["status"] == "ok" and len(originals) == 0:
-        rec = {**rec, "status": "failed", "failure": "no sensitive sample in the batch to score"}
-        row |= {"status": rec["status"], "failure": rec["failure"]}
-    if rec["status"] == "ok":
+    if rec["status"] == "ok" and len(originals) == 0:  # counted apart: neither ok nor failed
+        reason = "the batch holds no sensitive sample: the defense protected none of it"
+        row |= {"status": "not_scored", "failure": reason}
+    if row["status"] == "ok":
         predicted = None if settings["threat_model"]["labels"] == "known" else rec["labels"]
         scores = score(
             rec["images"],
@@ -90,6 +90,10 @@ def run(
         )
     for name in names:
         row[name] = scores.get(name)
+    if row.get("noise_ratio") is not None:  # which evaluation network measured it
+        row["evaluation_network_sha256"] = sha256_file(
+            project_path(metric_settings.evaluation_network)
+        )
     row["update_cosine"] = client.get("update_cosine")
     fired = client.get("fallback_fired")
     row["fallback_rate"] = None if fired is None else float(fired)

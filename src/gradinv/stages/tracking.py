@@ -64,7 +64,7 @@ def log_job(
             tags=tags,
             images=images,
             artifacts=artifacts,
-            status="FINISHED" if summary.get("status", "ok") == "ok" else "FAILED",
+            status="FAILED" if summary.get("status", "ok") == "failed" else "FINISHED",
             project_root=project_root(),
             enabled=enabled,
         )

@@ -30,6 +30,7 @@ from gradinv.stages.common import (
     client_defense,
     derive_seed,
     model_spec,
+    project_path,
     record,
     setup,
     update_lr,
@@ -93,7 +94,11 @@ def run(
         spec = replace(
             spec, extension={"kind": kind, "settings": method_settings(settings["defense"])}
         )
-    progress = Progress.for_output(summary_path, sha256_json([settings, ds.sha256, partition_sha]))
+    # Refiner's evaluation network is an input too: a retrained one must not resume this run
+    network = settings.get("evaluation_network")
+    network_sha = sha256_file(project_path(network)) if network else None
+    inputs = [settings, ds.sha256, partition_sha] + ([network_sha] if network_sha else [])
+    progress = Progress.for_output(summary_path, sha256_json(inputs))
     hashes: dict[str, str] = {}
 
     def save(rnd: int, m: nn.Module) -> None:
@@ -142,6 +147,7 @@ def run(
         "dataset": dataset,
         "defense": settings["defense_name"],
         "model": settings["model_name"],
+        "evaluation_network_sha256": network_sha,
         **record(settings, ds.sha256),
     }
     write_json(summary_path, summary)

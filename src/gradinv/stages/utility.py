@@ -89,15 +89,23 @@ def describe(block: dict[str, Any]) -> str:
 
 def training_metrics(
     runs: list[dict[str, Any]], last: int
-) -> dict[str, dict[tuple[str, str], float | None]]:
-    """The accuracy (%) and PMM of each run by (dataset, defense), for the tables that show
-    what a defense costs (metrics of scope ``training``); PMM is relative to the ``none`` run
-    of the same dataset, None where either run failed."""
-    accuracy = {(s["dataset"], s["defense"]): final_accuracy(s, last)[0] for s in runs}
+) -> dict[str, dict[tuple[str, str], tuple[float | None, str]]]:
+    """The accuracy (%) and PMM of each run by (dataset, defense), each as (value, why it is
+    missing or ""), for the tables that show what a defense costs (metrics of scope
+    ``training``); PMM is relative to the ``none`` run of the same dataset."""
+    accuracy = {}
+    for s in runs:
+        value = final_accuracy(s, last)[0]
+        why = "" if value is not None else f"training {s['status']}: {s.get('failure') or ''}"
+        accuracy[(s["dataset"], s["defense"])] = (value, why)
     pmm = {}
-    for (dataset, defense), value in accuracy.items():
-        reference = accuracy.get((dataset, REFERENCE))
-        pmm[(dataset, defense)] = None if value is None or not reference else value / reference
+    for (dataset, defense), (value, why) in accuracy.items():
+        reference, ref_why = accuracy.get((dataset, REFERENCE), (None, "no run without defense"))
+        if value is not None and reference:
+            pmm[(dataset, defense)] = (value / reference, "")
+        else:
+            ref_why = ref_why or "0% accuracy"
+            pmm[(dataset, defense)] = (None, why or f"the run without defense: {ref_why}")
     return {"accuracy": accuracy, "pmm": pmm}
 
 

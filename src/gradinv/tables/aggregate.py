@@ -136,6 +136,8 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
     }
     if group is None or group.empty:
         return empty
+    if metric_spec(metric).scope == "training":
+        return _training_cell(group, metric)
     label = metric_spec(metric).label
     ok = group[group["status"] == "ok"]
     failed = group[group["status"] == "failed"]
@@ -154,16 +156,9 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
         notes.append(f"{nonfinite} ok run(s) gave a non-finite {label}")
     if len(failed):
         notes.append(f"{len(failed)} failed: {_joined(failed['failure']) or 'no reason given'}")
-    if metric_spec(metric).scope == "training" and len(finite):
-        # One training run's value, repeated on each victim's line: a sample of one.
-        return {
-            "mean": float(finite[0]),
-            "std": math.nan,
-            "n": 1,
-            "failed": 0,
-            "note": "from the defense's FL training run (utility study)",
-            "unavailable": 0,
-        }
+    unscored = group[group["status"] == "not_scored"]
+    if len(unscored):
+        notes.append(f"{len(unscored)} not scored: {_joined(unscored['failure'])}")
     n = len(finite)
     return {
         "mean": float(np.mean(finite)) if n else math.nan,
@@ -173,6 +168,25 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
         "note": " | ".join(notes),
         "unavailable": int(null.sum()),
     }
+
+
+def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
+    """A metric of the defense's FL training run (accuracy, PMM): one value for the whole cell,
+    whatever its attacks did, repeated on each victim's line (a sample of one). A failed run is
+    counted as failed, with its reason (``<metric>_failure``)."""
+    value = float(group[metric].iloc[0])
+    failure = str(group[f"{metric}_failure"].iloc[0] or "")
+    source = "from the defense's FL training run (utility study)"
+    if failure:
+        return {
+            "mean": math.nan,
+            "std": math.nan,
+            "n": 0,
+            "failed": 1,
+            "note": f"{source}: {failure}",
+            "unavailable": 0,
+        }
+    return {"mean": value, "std": math.nan, "n": 1, "failed": 0, "note": source, "unavailable": 0}
 
 
 def _check_group(group: pd.DataFrame, rows: Sequence[str], where: str) -> None:

@@ -40,7 +40,9 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "scale",
 )
 DEFAULT_METRICS: tuple[str, ...] = ("mse", "lpips", "psnr", "ssim")
-STATUSES: tuple[str, ...] = ("ok", "failed")
+# not_scored: the run had nothing to measure (a defense that protects some samples only, DCS²,
+# protected none of this batch); counted apart from both.
+STATUSES: tuple[str, ...] = ("ok", "failed", "not_scored")
 
 
 class MetricsFileError(CorruptFileError, ValueError):

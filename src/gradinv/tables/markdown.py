@@ -84,6 +84,24 @@ def _warnings(long: pd.DataFrame) -> list[str]:
     return out
 
 
+def _training_note(long: pd.DataFrame) -> list[str]:
+    """Where the metrics of scope ``training`` (accuracy, PMM) come from, when shown."""
+    shown = [m for m in dict.fromkeys(long["metric"]) if metric_spec(m).scope == "training"]
+    if not shown:
+        return []
+    labels = " and ".join(metric_spec(m).label for m in shown)
+    failed = long[long["metric"].isin(shown) & (long["failed"] > 0)]
+    reasons = "; ".join(dict.fromkeys(n.split(": ", 1)[-1] for n in failed["note"]))
+    return [
+        f"{labels}: from each defense's FL training run (the utility study's, with its FL "
+        "setting), not from the attacks: the test accuracy (%) at the end of training and its "
+        "ratio to the accuracy without a defense (Refiner's PMM); one value per defense, the "
+        "same in every attack's column."
+        + (f" **Failed training runs:** {_esc(reasons)}." if reasons else ""),
+        "",
+    ]
+
+
 def render_markdown(
     long: pd.DataFrame,
     *,
@@ -119,6 +137,7 @@ def render_markdown(
             "",
         ]
     lines += _warnings(long)
+    lines += _training_note(long)
     lines += _cell_tables(long, rows)
     lines += ["## Comparison with the paper", ""]
     if reference_name is None:

@@ -8,6 +8,7 @@ files and the arguments alone, with fixed float formatting, so a rerun is byte-i
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def render_table(
     title: str | None = None,
     reproduces: str = "the published table",
     sweep: Sweep | None = None,
-    training: Mapping[str, Mapping[tuple[str, str], float | None]] | None = None,
+    training: Mapping[str, Mapping[tuple[str, str], tuple[float | None, str]]] | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv`` and ``figures/<name>.png``.
 
@@ -96,16 +97,17 @@ def render_table(
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
     figure is a line over the swept value (a round, CENSOR's T) instead of bars. ``training``
-    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, defense), from the
-    defenses' FL training runs rather than the metrics files.
+    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, defense) as (value,
+    failure reason or ""), from the defenses' FL training runs rather than the metrics files.
     """
     out_dir = Path(out_dir)
     training = training or {}
     df = collect(metric_files, metrics=[m for m in metrics if m not in training])
     for metric, values in training.items():
-        df[metric] = [values.get((d, f)) for d, f in zip(df["dataset"], df["defense"], strict=True)]
-        df[unavailable_column(metric)] = df[metric].isna()
-        df[metric] = df[metric].astype(float)
+        runs = [values[(d, f)] for d, f in zip(df["dataset"], df["defense"], strict=True)]
+        df[metric] = [math.nan if v is None else float(v) for v, _ in runs]
+        df[f"{metric}_failure"] = [failure for _, failure in runs]
+        df[unavailable_column(metric)] = False
     scales = _scales(df, setting)
     scaled_down = "embedded" in scales
     if scaled_down and not scaled_down_note.strip():
