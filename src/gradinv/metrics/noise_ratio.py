@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gradinv.io import CorruptFileError, load_tensors, save_tensors
+from gradinv.io import CorruptFileError, content_digest, load_tensors, save_tensors
 from gradinv.metrics import METRICS
 from gradinv.metrics.base import ImageMetric, MetricSettings, MetricValues, Stats
 from gradinv.progress import Progress
@@ -303,6 +303,13 @@ def save_evaluation_network(path: str | Path, network: EvaluationNetwork, **meta
             **meta,
         },
     )
+
+
+def weights_digest(path: str | Path) -> str:
+    """The sha256 of a saved network's weights alone: what identifies the network in the records
+    of the runs that used it (the file also holds its training time, which differs between two
+    otherwise identical trainings)."""
+    return content_digest(load_tensors(Path(path))["state"])
 
 
 def load_evaluation_network(path: str | Path) -> EvaluationNetwork:

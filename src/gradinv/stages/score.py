@@ -10,9 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gradinv.io import load_tensors, sha256_file, write_json
+from gradinv.io import load_tensors, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
-from gradinv.metrics.noise_ratio import resolve_evaluation_network
+from gradinv.metrics.noise_ratio import resolve_evaluation_network, weights_digest
 from gradinv.settings import from_mapping
 from gradinv.stages.common import project_path, record, setup
 
@@ -91,7 +91,7 @@ def run(
     for name in names:
         row[name] = scores.get(name)
     if row.get("noise_ratio") is not None:  # which evaluation network measured it
-        row["evaluation_network_sha256"] = sha256_file(
+        row["evaluation_network_weights"] = weights_digest(
             project_path(metric_settings.evaluation_network)
         )
     row["update_cosine"] = client.get("update_cosine")

@@ -22,6 +22,7 @@ from gradinv.data.prepared import public_pool
 from gradinv.fl.official import OfficialLoop, train_official
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
+from gradinv.metrics.noise_ratio import weights_digest
 from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
@@ -96,7 +97,7 @@ def run(
         )
     # Refiner's evaluation network is an input too: a retrained one must not resume this run
     network = settings.get("evaluation_network")
-    network_sha = sha256_file(project_path(network)) if network else None
+    network_sha = weights_digest(project_path(network)) if network else None
     inputs = [settings, ds.sha256, partition_sha] + ([network_sha] if network_sha else [])
     progress = Progress.for_output(summary_path, sha256_json(inputs))
     hashes: dict[str, str] = {}
@@ -147,7 +148,7 @@ def run(
         "dataset": dataset,
         "defense": settings["defense_name"],
         "model": settings["model_name"],
-        "evaluation_network_sha256": network_sha,
+        "evaluation_network_weights": network_sha,
         **record(settings, ds.sha256),
     }
     write_json(summary_path, summary)
