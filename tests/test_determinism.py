@@ -3,6 +3,8 @@ scratch, and every run records its seed."""
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,15 @@ def test_a_rerun_from_scratch_gives_a_byte_identical_table(tmp_path):
             "where t.key = 'gradinv.seed' and r.lifecycle_stage = 'active'"
         ).fetchall()
     assert len(seeds) == 8 and {s for (s,) in seeds} == {"0"}
+
+
+def test_a_job_asks_for_deterministic_kernels_without_loading_the_compiler():
+    """Every stage calls setup(); torch.use_deterministic_algorithms would import torch._inductor
+    (3 s per job on CPU), which no stage uses."""
+    code = (
+        "import sys, torch; from gradinv.stages.common import setup; setup({}); "
+        "print(torch.are_deterministic_algorithms_enabled(), "
+        "torch.is_deterministic_algorithms_warn_only_enabled(), 'torch._inductor' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "False"]

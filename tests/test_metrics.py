@@ -297,6 +297,10 @@ def test_matching_on_lpips_fails_loudly_when_lpips_is_unavailable():
 
 
 def test_backbone_names_are_those_of_the_installed_torchvision():
+    import torchvision
+
+    for net, (enum_name, url) in lpips_metric._TORCHVISION_WEIGHTS.items():
+        assert getattr(torchvision.models, enum_name).IMAGENET1K_V1.url == url, net
     vgg, alex = lpips_metric.backbone_spec("vgg"), lpips_metric.backbone_spec("alex")
     assert (vgg.filename, vgg.hash_prefix) == ("vgg16-397923af.pth", "397923af")
     assert (alex.filename, alex.hash_prefix) == ("alexnet-owt-7be5be79.pth", "7be5be79")

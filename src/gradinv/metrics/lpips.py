@@ -11,8 +11,9 @@ Offline by construction. The linear layers ship inside the ``lpips`` wheel, but 
 torchvision's ImageNet model, which ``lpips`` would download on first use. Here it never does:
 the network is built with a random backbone (``pnet_rand=True``, which downloads nothing), and
 the backbone is then overwritten from a local file that is verified first, so a value is never
-computed with random weights. The file is torchvision's own checkpoint (its name and hash come
-from the installed torchvision's weight enum), looked up at ``metrics.lpips_weights_path`` or, if
+computed with random weights. The file is torchvision's own checkpoint (its URL is pinned below, as
+torchvision's weight enum gives it: a test checks the two agree, and importing torchvision only
+to read a name would cost every scoring job 4 s), looked up at ``metrics.lpips_weights_path`` or, if
 that is empty, in the torch hub cache ``$TORCH_HOME/hub/checkpoints/``. Its sha256 must start with
 the hash in torchvision's file name (``vgg16-397923af.pth``), the check torchvision itself makes
 on download. When the file is missing or fails the check, the metric is *unavailable*: it returns
@@ -41,9 +42,10 @@ log = logging.getLogger(__name__)
 # Pairs per forward pass: bounds memory when Hungarian matching asks for all N^2 pairs.
 CHUNK = 32
 
+# Each backbone's torchvision weight enum, and the URL its IMAGENET1K_V1 weights carry.
 _TORCHVISION_WEIGHTS = {
-    "vgg": ("VGG16_Weights", "vgg16"),
-    "alex": ("AlexNet_Weights", "alexnet"),
+    "vgg": ("VGG16_Weights", "https://download.pytorch.org/models/vgg16-397923af.pth"),
+    "alex": ("AlexNet_Weights", "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"),
 }
 
 
@@ -62,11 +64,8 @@ class BackboneSpec:
 
 
 def backbone_spec(net: str) -> BackboneSpec:
-    """The checkpoint the installed torchvision would download for ``net``'s ImageNet weights."""
-    import torchvision  # on use (as lpips below): importing it costs seconds per job
-
-    enum_name, _ = _TORCHVISION_WEIGHTS[net]
-    url = getattr(torchvision.models, enum_name).IMAGENET1K_V1.url
+    """The checkpoint torchvision downloads for ``net``'s ImageNet weights."""
+    _, url = _TORCHVISION_WEIGHTS[net]
     filename = os.path.basename(urlparse(url).path)  # the name torch.hub caches it under
     match = torch.hub.HASH_REGEX.search(filename)
     if match is None or not match.group(1):
