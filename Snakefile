@@ -9,11 +9,13 @@
 #   report   paper tables, figures and the comparison with the published numbers
 #   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
 #   utility  FL training under each defense: its accuracy beside no defense (utility.csv)
+#   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
 from gradinv.config import (
     attack_generator_file,
     capture_file,
+    claim_tables,
     convergence_curves_k,
     defense_assets,
     evaluation_network_files,
@@ -54,6 +56,7 @@ include: "workflow/rules/attack.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/convergence.smk"
 include: "workflow/rules/utility.smk"
+include: "workflow/rules/claims.smk"
 
 
 onstart:
@@ -73,6 +76,7 @@ rule all:
         "results/fig7_accuracy.png",
         "results/table6_clients.csv",
         "results/utility.csv",
+        "results/claims.md",
         ["results/fig10_public.png"] if "fig10_public" in config["tables"] else [],
 
 

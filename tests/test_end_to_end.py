@@ -5,6 +5,8 @@ Snakemake run that the tests below read (the jobs the two tables share run once)
 import csv
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -125,3 +127,27 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     assert refined["client"]["update_cosine"] < 1.0
     md = (root / "results/data_centric.md").read_text()
     assert "PMM" in md and "from each defense's FL training run" in md
+
+
+@pytest.mark.slow
+def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
+    """workflow/claims.yaml against the cells of the two tables this run built; claims on the
+    tables it did not build are reported as not evaluated, with the reason."""
+    root = tiny_run
+    settings = json.dumps({"scale": "embedded", "tables": ["table1", "data_centric"]})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradinv.cli", "claims", "--settings", settings],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    claims = pd.read_csv(root / "results/claims.csv").set_index("id")
+    on_built = claims["table"].isin(["table1", "data_centric"])
+    assert claims.loc[on_built, "verdict"].isin(["holds", "fails"]).all()
+    assert (claims.loc[on_built, "evaluated"] > 0).all()
+    assert (claims.loc[~on_built, "verdict"] == "not evaluated").all()
+    ssim = claims.loc["censor-ssim-below-no-defense"]
+    assert ssim["evaluated"] == 3  # Patches x IG, GI, GIFD
+    assert "patches/ig: censor" in ssim["evidence"]
+    assert "SCALED-DOWN" in (root / "results/claims.md").read_text()

@@ -147,6 +147,12 @@ def _cmd_report_utility(a: argparse.Namespace) -> None:
     run(_settings(a.settings), [Path(p) for p in a.summaries], Path(a.out_dir))
 
 
+def _cmd_claims(a: argparse.Namespace) -> None:
+    from gradinv.stages.claims import run
+
+    run(_settings(a.settings), Path(a.claims), Path(a.results_dir), Path(a.out_dir))
+
+
 def _cmd_report_public(a: argparse.Namespace) -> None:
     from gradinv.stages.public import run
 
@@ -296,6 +302,11 @@ def parser() -> argparse.ArgumentParser:
     )
     table_inputs(sp)
     sp.add_argument("--prepared-dir", default="data/prepared")
+
+    sp = verb("claims", _cmd_claims, "check the papers' claims against the result files")
+    sp.add_argument("--claims", default="workflow/claims.yaml")
+    sp.add_argument("--results-dir", default="results")
+    sp.add_argument("--out-dir", default="results")
 
     sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)
     sp.add_argument("--experiment", required=True)

@@ -561,6 +561,11 @@ def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in instance.items() if k not in ("kind", "label")}
 
 
+def claim_tables(config: dict[str, Any]) -> list[str]:
+    """The results a claim may be checked on: every attack table, and the utility table."""
+    return [*config["tables"], "utility"]
+
+
 def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger).
 
@@ -642,6 +647,22 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 **common,
                 "public_defense": public[0] if public else None,
                 "defenses": {d: config["defenses"][d] for d in spec["defenses"]},
+            }
+        )
+    if stage == "claims":
+        tables = config["tables"]
+        return _dump(
+            {
+                **common,
+                "tables": claim_tables(config),
+                # the published numbers, to check each claim's encoding on the paper's own table
+                "references": {
+                    t: spec["reference"] for t, spec in tables.items() if spec["reference"]
+                },
+                "labels": {
+                    kind: {k: block["label"] for k, block in config[kind].items()}
+                    for kind in ("defenses", "attacks")
+                },
             }
         )
     if stage == "convergence_report":

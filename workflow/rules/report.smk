@@ -10,6 +10,7 @@ rule report:
         csv="results/{table}.csv",
         markdown="results/{table}.md",
         vs_paper="results/{table}_vs_paper.csv",
+        cells="results/{table}_cells.csv",
         figure="results/figures/{table}.png",
         grid="results/figures/{table}_grid.png",
     params:

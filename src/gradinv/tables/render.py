@@ -89,7 +89,9 @@ def render_table(
     sweep: Sweep | None = None,
     training: Mapping[str, Mapping[tuple[str, str], tuple[float | None, str]]] | None = None,
 ) -> dict[str, Path]:
-    """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv`` and ``figures/<name>.png``.
+    """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv``, ``<name>_cells.csv`` (the
+    long table: one line per cell, what ``workflow/claims.yaml`` is checked against) and
+    ``figures/<name>.png``.
 
     ``attacks``, ``defenses`` and ``datasets`` are the run keys (``ig``, ``noise``, ...) in the
     paper's order; runs outside them are not part of this table. ``setting`` is listed verbatim in
@@ -123,10 +125,12 @@ def render_table(
         "csv": out_dir / f"{name}.csv",
         "markdown": out_dir / f"{name}.md",
         "vs_paper": out_dir / f"{name}_vs_paper.csv",
+        "cells": out_dir / f"{name}_cells.csv",
         "figure": out_dir / "figures" / f"{name}.png",
     }
     write_csv(widen(long, rows), paths["csv"])
     write_csv(comparison, paths["vs_paper"])
+    write_csv(long, paths["cells"])
     if sweep is None:
         table_figure(long, paths["figure"], rows=rows)
     else:

@@ -1,0 +1,33 @@
+"""Stage: check the papers' claims (``workflow/claims.yaml``) against this run's result files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gradinv.claims import evaluate, load_claims, markdown, reference_cells, result_file
+from gradinv.io import atomic_path
+from gradinv.stages.common import project_path
+from gradinv.tables.render import write_csv
+
+
+def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir: Path) -> None:
+    """Write ``claims.csv`` and ``claims.md``; a claim on a table this run does not build is
+    reported as not evaluated, never dropped."""
+    claims = load_claims(claims_file)
+    built = set(settings["tables"])
+    results = {
+        table: pd.read_csv(result_file(table, results_dir))
+        for table in {c.check.table for c in claims}
+        if table in built
+    }
+    published = {
+        table: reference_cells(pd.read_csv(project_path(csv)), settings["labels"])
+        for table, csv in settings.get("references", {}).items()
+    }
+    table = evaluate(claims, results, settings["scale"], published)
+    write_csv(table, out_dir / "claims.csv")
+    with atomic_path(out_dir / "claims.md") as tmp:
+        tmp.write_text(markdown(table, settings["scale"]), encoding="utf-8")

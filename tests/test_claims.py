@@ -1,0 +1,226 @@
+"""The claims checker: each relation, each expectation, the verdicts and the errors."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
+from gradinv.config import REPO_ROOT, claim_tables, job_settings, load
+
+
+def _cells(values):
+    """A long table (as ``<table>_cells.csv``) from {(defense, attack, metric): mean}."""
+    return pd.DataFrame.from_records(
+        [
+            {"dataset": "patches", "defense": d, "attack": a, "metric": m, "mean": v, "n": 2}
+            for (d, a, m), v in values.items()
+        ]
+    )
+
+
+def _claims(tmp_path, *checks):
+    entries = [
+        {"id": f"c{i}", "paper": "P", "source": "Sec. 1", "claim": "text", "check": check}
+        for i, check in enumerate(checks)
+    ]
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": entries}))
+    return load_claims(path)
+
+
+def _check(**overrides):
+    check = dict(
+        table="t",
+        metrics=["ssim"],
+        compare="defense",
+        left="censor",
+        right="none",
+        relation="less",
+        over=["dataset", "attack"],
+    )
+    return {**check, **overrides}
+
+
+def _verdicts(claims: list[Claim], frame) -> list[str]:
+    return list(evaluate(claims, {"t": frame}, "embedded")["verdict"])
+
+
+TABLE = _cells(
+    {
+        ("none", "ig", "ssim"): 0.6,
+        ("censor", "ig", "ssim"): 0.1,
+        ("soteria", "ig", "ssim"): 0.05,
+        ("none", "ggl", "ssim"): 0.5,
+        ("censor", "ggl", "ssim"): 0.2,
+        ("soteria", "ggl", "ssim"): 0.4,
+        ("none", "ig", "mse"): 0.01,
+        ("censor", "ig", "mse"): 0.09,
+        ("none", "ggl", "mse"): 0.02,
+        ("censor", "ggl", "mse"): 0.01,
+    }
+)
+
+
+def test_a_relation_that_holds_in_every_group_holds_and_its_reverse_fails(tmp_path):
+    claims = _claims(tmp_path, _check(), _check(relation="greater"))
+    table = evaluate(claims, {"t": TABLE}, "embedded")
+    assert list(table["verdict"]) == ["holds", "fails"]
+    assert list(table["evaluated"]) == [2, 2] and list(table["satisfied"]) == [2, 0]
+    assert "patches/ig: censor 0.1 vs none 0.6 (yes)" in table.loc[0, "evidence"]
+    assert set(table["scale"]) == {"embedded"}
+
+
+def test_better_follows_each_metrics_arrow(tmp_path):
+    # MSE: higher is better for the defender; SSIM: lower. CENSOR's GGL MSE is worse (0.01).
+    claims = _claims(tmp_path, _check(metrics=["mse", "ssim"], relation="better"))
+    table = evaluate(claims, {"t": TABLE}, "embedded")
+    assert table.loc[0, "verdict"] == "fails"
+    assert (table.loc[0, "satisfied"], table.loc[0, "evaluated"]) == (3, 4)
+    fraction = _claims(tmp_path, _check(metrics=["mse", "ssim"], relation="better", expect=0.75))
+    assert _verdicts(fraction, TABLE) == ["holds"]
+
+
+def test_only_where_holds_exactly_in_the_named_groups(tmp_path):
+    soteria = dict(left="soteria", right="censor", relation="better")
+    exact = _claims(tmp_path, _check(**soteria, only_where={"attack": ["ig"]}))
+    assert _verdicts(exact, TABLE) == ["holds"]
+    wrong = _claims(tmp_path, _check(**soteria, only_where={"attack": ["ggl"]}))
+    table = evaluate(wrong, {"t": TABLE}, "embedded")
+    assert table.loc[0, "verdict"] == "fails"
+    assert table.loc[0, "reason"] == "unlike the claim in patches/ig, patches/ggl"
+
+
+def test_others_compares_against_every_other_value(tmp_path):
+    claims = _claims(tmp_path, _check(right="others"), _check(left="soteria", right="others"))
+    assert _verdicts(claims, TABLE) == ["fails", "fails"]  # soteria loses at GGL, censor at IG
+    only_ggl = _claims(tmp_path, _check(right="others", where={"attack": "ggl"}))
+    assert _verdicts(only_ggl, TABLE) == ["holds"]
+
+
+def test_within_and_tolerance(tmp_path):
+    utility = pd.DataFrame({"defense": ["none", "dcs2", "dp"], "accuracy": [50.0, 49.5, 40.0]})
+    base = dict(table="utility", metrics=["accuracy"], over=[], right="none", relation="within")
+    claims = _claims(
+        tmp_path,
+        {**_check(**base), "left": "dcs2", "tolerance": 1.0},
+        {**_check(**base), "left": "dp", "tolerance": 1.0},
+        {**_check(**base), "left": "dp", "relation": "less", "tolerance": 5.0},
+        {**_check(**base), "left": "dp", "relation": "less", "tolerance": 15.0},
+    )
+    table = evaluate(claims, {"utility": utility}, "embedded")
+    assert list(table["verdict"]) == ["holds", "fails", "holds", "fails"]
+
+
+def test_missing_values_and_tables_are_not_evaluated_with_the_reason(tmp_path):
+    claims = _claims(tmp_path, _check(left="refiner"), _check(table="absent"))
+    table = evaluate(claims, {"t": TABLE}, "paper")
+    assert list(table["verdict"]) == ["not evaluated", "not evaluated"]
+    assert table.loc[0, "reason"] == "no group has both values"
+    assert "patches/ig: no value for refiner" in table.loc[0, "evidence"]
+    assert "absent is not built by this configuration" in table.loc[1, "reason"]
+    text = markdown(table, "paper")
+    assert "2 not evaluated of 2 claims" in text and "SCALED-DOWN" not in text
+    assert "SCALED-DOWN" in markdown(table, "embedded")
+
+
+def test_rounds_are_compared_by_name(tmp_path):
+    rounds = _cells({("censor", "gifd", "mse"): 0.05}).assign(round=0)
+    later = _cells({("censor", "gifd", "mse"): 0.10}).assign(round=9)
+    frame = pd.concat([rounds, later])
+    check = _check(compare="round", left=9, right=0, relation="greater", metrics=["mse"])
+    assert _verdicts(_claims(tmp_path, {**check, "over": ["dataset"]}), frame) == ["holds"]
+    # Two cells per compared value: the check must say which column tells them apart.
+    with pytest.raises(ClaimError, match="several cells per defense"):
+        evaluate(_claims(tmp_path, _check(over=["dataset"])), {"t": TABLE}, "embedded")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"relation": "lower"}, "relation: 'lower' is not one of"),
+        ({"metrics": ["ssim2"]}, "unknown metric"),
+        ({"expect": 2}, "expect: 'all' or a fraction"),
+        ({"colour": "red"}, "unknown key"),
+        ({"left": None}, "missing 'left'"),
+        ({"expect": 0.5, "only_where": {"attack": "ig"}}, "not both"),
+    ],
+)
+def test_a_malformed_claim_is_named_with_the_key(tmp_path, change, message):
+    check = {k: v for k, v in {**_check(), **change}.items() if v is not None}
+    with pytest.raises(ClaimError, match=message) as err:
+        _claims(tmp_path, check)
+    assert "claims[0]" in str(err.value)
+
+
+def test_duplicate_ids_are_refused(tmp_path):
+    path = tmp_path / "claims.yaml"
+    entry = {"id": "x", "paper": "P", "source": "S", "claim": "c", "check": _check()}
+    path.write_text(yaml.safe_dump({"claims": [entry, entry]}))
+    with pytest.raises(ClaimError, match="'x' is listed twice"):
+        load_claims(path)
+
+
+def test_the_projects_claims_load_and_name_known_runs():
+    claims = load_claims(REPO_ROOT / "workflow/claims.yaml")
+    assert len(claims) >= 15
+    config = load(REPO_ROOT / "params.yaml", (REPO_ROOT / "workflow/configs/paper.yaml",))
+    for claim in claims:
+        check = claim.check
+        if check.compare == "defense":
+            for name in (check.left, check.right):
+                assert name == "others" or name in config["defenses"], (claim.id, name)
+        if check.compare == "attack":
+            assert {check.left, check.right} <= set(config["attacks"]), claim.id
+    built = set(claim_tables(load(REPO_ROOT / "params.yaml")))
+    assert {"table1", "utility"} <= built
+
+
+def test_the_stage_writes_csv_and_markdown(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    TABLE.to_csv(results / "t_cells.csv", index=False)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(
+        yaml.safe_dump(
+            {
+                "claims": [
+                    {"id": "a", "paper": "P", "source": "S", "claim": "c", "check": _check()},
+                    {
+                        "id": "b",
+                        "paper": "P",
+                        "source": "S",
+                        "claim": "c",
+                        "check": _check(table="u"),
+                    },
+                ]
+            }
+        )
+    )
+    settings = json.dumps({"scale": "embedded", "tables": ["t"]})
+    cmd = [sys.executable, "-m", "gradinv.cli", "claims", "--settings", settings]
+    cmd += ["--claims", str(claims), "--results-dir", str(results), "--out-dir", str(results)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    table = pd.read_csv(results / "claims.csv")
+    assert list(table["verdict"]) == ["holds", "not evaluated"]
+    assert "## `a`: holds" in (results / "claims.md").read_text()
+
+
+def test_every_claim_holds_on_the_papers_own_numbers():
+    """Each claim's check, run on the published table it cites, bears the claim out: a claim
+    that fails on the paper's own numbers is encoded wrongly (or overstates the paper)."""
+    config = load(REPO_ROOT / "params.yaml")
+    settings = json.loads(job_settings(config, "claims"))
+    references = {**settings["references"], "table2": "workflow/reference/censor_table2.csv"}
+    published = {
+        table: reference_cells(pd.read_csv(REPO_ROOT / csv), settings["labels"])
+        for table, csv in references.items()
+    }
+    claims = load_claims(REPO_ROOT / "workflow/claims.yaml")
+    table = evaluate(claims, {}, "paper", published).set_index("id")
+    checked = table[table["paper_verdict"] != ""]
+    assert len(checked) >= 9
+    assert (checked["paper_verdict"] == "holds").all(), checked["paper_verdict"].to_dict()
