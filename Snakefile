@@ -15,7 +15,7 @@
 from gradinv.config import (
     attack_generator_file,
     capture_file,
-    claim_tables,
+    claim_inputs,
     convergence_curves_k,
     defense_assets,
     evaluation_network_files,

@@ -566,6 +566,14 @@ def claim_tables(config: dict[str, Any]) -> list[str]:
     return [*config["tables"], "utility"]
 
 
+def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
+    """The result files the claims in ``claims_file`` read, of the tables this config builds."""
+    from gradinv.claims import load_claims, result_file
+
+    tables = {c.check.table for c in load_claims(claims_file)}
+    return sorted(str(result_file(t)) for t in tables & set(claim_tables(config)))
+
+
 def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger).
 
