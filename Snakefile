@@ -24,6 +24,7 @@ from gradinv.config import (
     job_settings,
     malicious_attacks,
     metric_assets,
+    table_batch_size,
     table_rounds,
     table_utility_runs,
     table_victims,

@@ -137,6 +137,10 @@ def test_the_shipped_params_and_overlay_are_valid():
             both(("threat_model.label_rule", "idlg"), ("capture.batch_size", 4)),
             r"threat_model.label_rule: idlg recovers the label of one image",
         ),
+        (
+            broken("threat_model.label_rule", "idlg"),
+            r"idlg recovers the label of one image, but tables.table2 attacks batches of 4",
+        ),
         # Variants, table options and the convergence study.
         (broken("defenses.censor_t5.from", "censr"), r"censor_t5.from: 'censr' is not defined"),
         (

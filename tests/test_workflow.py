@@ -254,3 +254,20 @@ def test_tiny_convergence_study_runs_both_loops(tmp_path):
         assert json.loads((run / "summary.json").read_text())["status"] == "ok"
     wide = Image.open(root / "results/fig7_accuracy.png").size
     assert wide[0] > 1.5 * wide[1]  # two panels side by side
+
+
+def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
+    """CENSOR's Table II: its own batch size in every path, victims of four different classes."""
+    root = workflow_copy(tmp_path)
+    proc = snakemake("-n", "results/table2.csv", "--cores", "1", "-p", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "results/victims/patches/b4/victim3.pt" in out and "--distinct-labels" in out
+    assert "r0_b4/gifd/victim0" in out and "_b1/" not in out
+    from gradinv.stages.capture import victim_indices
+
+    labels = [0] * 5 + [1] * 5 + [2] * 5
+    assert victim_indices(1, 3, 2, labels, distinct=True) == [2, 5, 10]
+    assert victim_indices(1, 3, 2, labels) == [2, 3, 4]
+    with pytest.raises(ValueError, match="only 2 distinct labels among validation images 6"):
+        victim_indices(3, 3, 2, labels, distinct=True)

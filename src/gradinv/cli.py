@@ -60,7 +60,15 @@ def _cmd_train(a: argparse.Namespace) -> None:
 def _cmd_victim(a: argparse.Namespace) -> None:
     from gradinv.stages.capture import select_victim
 
-    select_victim(a.dataset, Path(a.prepared_dir), a.victim, a.batch_size, a.stride, Path(a.out))
+    select_victim(
+        a.dataset,
+        Path(a.prepared_dir),
+        a.victim,
+        a.batch_size,
+        a.stride,
+        Path(a.out),
+        distinct_labels=a.distinct_labels,
+    )
 
 
 def _cmd_capture(a: argparse.Namespace) -> None:
@@ -218,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--victim", type=int, required=True)
     sp.add_argument("--batch-size", type=int, required=True)
     sp.add_argument("--stride", type=int, required=True)
+    sp.add_argument(
+        "--distinct-labels", action="store_true", help="no two images of a batch share a label"
+    )
     sp.add_argument("--out", required=True)
 
     sp = verb("capture", _cmd_capture, "capture a victim's defended update")

@@ -195,6 +195,10 @@ def table_rounds(config: dict[str, Any], table: str) -> list[int]:
     return list(config["tables"][table].get("rounds", [config["capture"]["round"]]))
 
 
+def table_batch_size(config: dict[str, Any], table: str) -> int:
+    return int(config["tables"][table].get("batch_size", config["capture"]["batch_size"]))
+
+
 def table_victims(config: dict[str, Any], table: str) -> int:
     """How many victims a table attacks: its own ``victims``, else ``capture.victims``."""
     return int(config["tables"][table].get("victims", config["capture"]["victims"]))
@@ -473,10 +477,12 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
             f"convergence.partition.num_clients is {conv['partition']['num_clients']}; lower one "
             "or raise the other."
         )
-    if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and cap["batch_size"] > 1:
+    batched = [t for t in config["tables"] if table_batch_size(config, t) > 1]
+    if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and batched:
         fail(
             f"threat_model.label_rule: idlg recovers the label of one image, but "
-            f"capture.batch_size is {cap['batch_size']}; use label_rule yin (or auto)."
+            f"tables.{batched[0]} attacks batches of {table_batch_size(config, batched[0])}; use "
+            "label_rule yin (or auto)."
         )
     from gradinv.data import DATASETS
     from gradinv.settings import from_mapping
@@ -502,13 +508,14 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
             dataset = DATASETS.get(name)
             where = f"data.sources.{name}"
             pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
-            need = (victims - 1) * cap["victim_stride"] + cap["batch_size"]
+            bs = table_batch_size(config, table)
+            need = (victims - 1) * cap["victim_stride"] + bs
             if pool is not None and need > pool:
                 fail(
                     f"capture: tables.{table} attacks {victims} victims of "
-                    f"{cap['batch_size']} image(s) every {cap['victim_stride']} validation "
+                    f"{bs} image(s) every {cap['victim_stride']} validation "
                     f"images of {name}, which needs {need} images, but it has {pool}; lower "
-                    "capture.victims, capture.victim_stride or capture.batch_size."
+                    "capture.victims, capture.victim_stride or the batch size."
                 )
         if threat["bn_statistics"] and not _has_batch_norm(config["models"][spec["model"]]):
             fail(
@@ -762,7 +769,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "rounds": table_rounds(config, w["table"]),
             "victims": table_victims(config, w["table"]),
             "models": config["models"],
-            "capture": config["capture"],
+            "capture": {**config["capture"], "batch_size": table_batch_size(config, w["table"])},
             "fl": config["fl"],
             "threat_model": config["threat_model"],
         }

@@ -19,7 +19,7 @@ GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
 
 def table_jobs(table, stage, ext):
     """Every per-victim file of `stage` that table `table` aggregates."""
-    spec, bs = config["tables"][table], config["capture"]["batch_size"]
+    spec, bs = config["tables"][table], table_batch_size(config, table)
     return expand(
         f"results/{stage}/{{dataset}}/{spec['model']}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
         dataset=spec["datasets"],
@@ -32,7 +32,7 @@ def table_jobs(table, stage, ext):
 
 def table_victims_files(table):
     """The private batch behind each entry of table_jobs (same order)."""
-    spec, bs = config["tables"][table], config["capture"]["batch_size"]
+    spec, bs = config["tables"][table], table_batch_size(config, table)
     return [
         f"results/victims/{d}/b{bs}/victim{v}.pt"
         for d in spec["datasets"]

@@ -37,6 +37,7 @@ rule select_victim:
         "results/victims/{dataset}/b{bs}/victim{victim}.pt",
     params:
         stride=config["capture"]["victim_stride"],
+        distinct="--distinct-labels" if config["capture"]["distinct_labels"] else "",
     conda:
         "../../environment.yml"
     log:
@@ -44,7 +45,7 @@ rule select_victim:
     shell:
         "gradinv victim --dataset {wildcards.dataset} --prepared-dir data/prepared "
         "--victim {wildcards.victim} --batch-size {wildcards.bs} --stride {params.stride} "
-        "--out {output} > {log} 2>&1"
+        "{params.distinct} --out {output} > {log} 2>&1"
 
 
 rule prepared_data:

@@ -7,6 +7,7 @@ and read back only by the scoring stage.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +28,48 @@ from gradinv.settings import ConfigError
 from gradinv.stages.common import client_defense, derive_seed, project_path, setup, update_lr
 
 
-def victim_indices(victim: int, batch_size: int, stride: int, n_val: int) -> list[int]:
-    """Victim v's batch: ``batch_size`` consecutive validation images from ``v * stride``."""
-    start = victim * stride
+def victim_indices(
+    victim: int, batch_size: int, stride: int, labels: Sequence[int], distinct: bool = False
+) -> list[int]:
+    """Victim v's batch: ``batch_size`` validation images from ``v * stride`` on, consecutive,
+    or (``distinct``) the first ones whose labels differ, as CENSOR's Table II ensures ("no
+    duplicate labels are present in each batch")."""
+    start, n_val = victim * stride, len(labels)
     if start + batch_size > n_val:
         raise ValueError(
             f"victim {victim} needs validation images {start}..{start + batch_size - 1}"
             f" but the dataset has {n_val}; lower capture.victims or "
             "capture.victim_stride"
         )
-    return list(range(start, start + batch_size))
+    if not distinct:
+        return list(range(start, start + batch_size))
+    chosen: list[int] = []
+    seen: set[int] = set()
+    for i in range(start, n_val):
+        if int(labels[i]) not in seen:
+            chosen.append(i)
+            seen.add(int(labels[i]))
+            if len(chosen) == batch_size:
+                return chosen
+    raise ValueError(
+        f"victim {victim}: only {len(chosen)} distinct labels among validation images {start}.."
+        f"{n_val - 1}, but the batch needs {batch_size}; lower capture.victims, "
+        "capture.victim_stride or the batch size, or set capture.distinct_labels: false"
+    )
 
 
 def select_victim(
-    dataset: str, prepared_dir: Path, victim: int, batch_size: int, stride: int, out: Path
+    dataset: str,
+    prepared_dir: Path,
+    victim: int,
+    batch_size: int,
+    stride: int,
+    out: Path,
+    distinct_labels: bool = False,
 ) -> None:
     ds = load_prepared(dataset, prepared_dir)
-    images, labels = ds.val_batch(victim_indices(victim, batch_size, stride, len(ds.val_labels)))
+    indices = victim_indices(victim, batch_size, stride, ds.val_labels.tolist(), distinct_labels)
+    images, labels = ds.val_batch(indices)
     batch = PrivateBatch(images=images, labels=labels)
     save_tensors(
         out,
@@ -51,6 +77,7 @@ def select_victim(
             **batch.to_dict(),
             "dataset": dataset,
             "victim": victim,
+            "indices": indices,
             "data_sha256": ds.sha256,
             "mean": list(ds.mean),
             "std": list(ds.std),
@@ -64,7 +91,6 @@ def public_inputs(
     chosen: Any,
     secret: dict[str, Any],
     victim: int,
-    batch_size: int,
     prepared_dir: Path | None,
 ) -> tuple[Tensor, Tensor]:
     """The public pool (CENSOR's directions, DCS²'s start points), normalized as model inputs,
@@ -76,8 +102,7 @@ def public_inputs(
             f"the prepared {settings['dataset']} differs from the one victim {victim} was drawn "
             "from; rerun snakemake to regenerate the victims"
         )
-    stride = settings["capture"]["victim_stride"]
-    batch = victim_indices(victim, batch_size, stride, len(ds.val_labels))
+    batch = secret["indices"]  # the validation images in the victim's batch
     where = f"defenses.{settings['defense_name']}"
     pool = public_pool(ds, chosen.public_class, chosen.public_images, exclude=batch, where=where)
     return normalize(pool[0], ds.mean, ds.std), pool[1]
@@ -111,9 +136,7 @@ def run(
         mean,
         std,
         update_lr(settings["fl"]),
-        lambda chosen: public_inputs(
-            settings, chosen, secret, victim, len(batch.labels), prepared_dir
-        ),
+        lambda chosen: public_inputs(settings, chosen, secret, victim, prepared_dir),
     )
     shared_size = defense.shared_batch_size(batch.labels)  # DCS² adds concealed samples
     if threat["labels"] == "known" and shared_size != len(batch.labels):
