@@ -31,7 +31,7 @@ def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
         ).fetchall()
     kinds = [kind for kind, _ in runs]
     assert kinds.count("train") == jobs["train"] == 2
-    assert kinds.count("attack") == jobs["score"] == 6
+    assert kinds.count("attack") == jobs["score"] == 4
     assert len({key for _, key in runs}) == len(runs)  # exactly once per job
     assert not (root / "results/logs/tracking-failures.log").exists()
     assert "could not be logged" not in proc.stderr
