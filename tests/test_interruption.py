@@ -161,7 +161,15 @@ def _start(root: Path, log: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own process group, as a terminal or a batch system has
+            preexec_fn=_ctrl_c_stops,
         )
+
+
+def _ctrl_c_stops() -> None:
+    """SIGINT as a terminal delivers it. A shell starts background commands with SIGINT ignored,
+    and Python then never raises KeyboardInterrupt: a suite run as `make test &` would see
+    Snakemake (and every job) ignore Ctrl-C and finish the table."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(proc: subprocess.Popen, log: Path) -> None:
