@@ -224,3 +224,15 @@ def test_every_claim_holds_on_the_papers_own_numbers():
     checked = table[table["paper_verdict"] != ""]
     assert len(checked) >= 9
     assert (checked["paper_verdict"] == "holds").all(), checked["paper_verdict"].to_dict()
+
+
+def test_a_bad_claims_file_stops_the_stage_with_the_key(tmp_path):
+    claims = tmp_path / "claims.yaml"
+    claims.write_text("claims:\n  - {id: a, paper: P, source: S, claim: c, check: {table: t}}\n")
+    settings = json.dumps({"scale": "embedded", "tables": ["t"]})
+    cmd = [sys.executable, "-m", "gradinv.cli", "claims", "--settings", settings]
+    proc = subprocess.run([*cmd, "--claims", str(claims)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "configuration error" in proc.stderr and "claims[0] (a).check: missing 'compare'" in (
+        proc.stderr
+    )

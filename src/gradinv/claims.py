@@ -41,6 +41,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from gradinv.settings import ConfigError
 from gradinv.tables.aggregate import METRICS
 
 VERDICTS = ("holds", "fails", "not evaluated")
@@ -63,7 +64,7 @@ COLUMNS = (
 UTILITY = "utility"  # results/utility.csv: one line per defense, its accuracy columns
 
 
-class ClaimError(ValueError):
+class ClaimError(ConfigError):
     """``claims.yaml`` is malformed: the message names the claim, the key and the fix."""
 
 
@@ -91,9 +92,12 @@ class Claim:
     check: Check
 
 
-def load_claims(path: str | os.PathLike[str], tables: Iterable[str] = ()) -> list[Claim]:
-    """Read and validate ``claims.yaml``; ``tables`` are the attack tables a claim may name."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+def load_claims(path: str | os.PathLike[str]) -> list[Claim]:
+    """Read and validate ``claims.yaml``: every claim's keys, relation, metrics and id."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ClaimError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
         raise ClaimError(f"{path}: expected a mapping with a list under 'claims'.")
     claims, seen = [], set()
