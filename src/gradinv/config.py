@@ -568,6 +568,14 @@ def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in instance.items() if k not in ("kind", "label")}
 
 
+def run_labels(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each defense's and attack's label (the paper's name), by run key."""
+    return {
+        kind: {k: block["label"] for k, block in config[kind].items()}
+        for kind in ("defenses", "attacks")
+    }
+
+
 def claim_tables(config: dict[str, Any]) -> list[str]:
     """The results a claim may be checked on: every attack table, and the utility table."""
     return [*config["tables"], "utility"]
@@ -674,10 +682,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "references": {
                     t: spec["reference"] for t, spec in tables.items() if spec["reference"]
                 },
-                "labels": {
-                    kind: {k: block["label"] for k, block in config[kind].items()}
-                    for kind in ("defenses", "attacks")
-                },
+                "labels": run_labels(config),
             }
         )
     if stage == "convergence_report":
@@ -758,10 +763,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out |= {
             "table": table,
             "table_name": w["table"],
-            "labels": {
-                "defenses": {k: v["label"] for k, v in config["defenses"].items()},
-                "attacks": {k: v["label"] for k, v in config["attacks"].items()},
-            },
+            "labels": run_labels(config),
             "attacks": config["attacks"],
             "defenses": {
                 d: config["defenses"][d] for d in config["tables"][w["table"]]["defenses"]
