@@ -9,6 +9,7 @@
 #   report   paper tables, figures and the comparison with the published numbers
 #   convergence  FL training on non-IID clients under CENSOR (its Figs. 7-8, Table VI)
 #   utility  FL training under each defense: its accuracy beside no defense (utility.csv)
+#   client_time  the seconds a client spends on its defended update (Refiner's Table 4)
 #   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
@@ -25,6 +26,7 @@ from gradinv.config import (
     malicious_attacks,
     metric_assets,
     table_batch_size,
+    table_models,
     table_rounds,
     table_utility_runs,
     table_victims,
@@ -57,6 +59,7 @@ include: "workflow/rules/attack.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/convergence.smk"
 include: "workflow/rules/utility.smk"
+include: "workflow/rules/client_time.smk"
 include: "workflow/rules/claims.smk"
 
 
@@ -79,6 +82,8 @@ rule all:
         "results/utility.csv",
         "results/claims.md",
         ["results/fig10_public.png"] if "fig10_public" in config["tables"] else [],
+        ["results/frontier.png"] if "frontier_runs" in config["tables"] else [],
+        ["results/refiner_table4_time.csv"] if "client_time" in config else [],
 
 
 onsuccess:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
-from gradinv.config import REPO_ROOT, claim_tables, job_settings, load
+from gradinv.config import REPO_ROOT, claim_inputs, claim_tables, job_settings, load
 
 
 def _cells(values):
@@ -212,7 +212,8 @@ def test_the_stage_writes_csv_and_markdown(tmp_path):
 def test_every_claim_holds_on_the_papers_own_numbers():
     """Each claim's check, run on the published table it cites, bears the claim out: a claim
     that fails on the paper's own numbers is encoded wrongly (or overstates the paper)."""
-    config = load(REPO_ROOT / "params.yaml")
+    # the paper overlay's labels: its sweeps name every point the published tables report
+    config = load(REPO_ROOT / "params.yaml", (REPO_ROOT / "workflow/configs/paper.yaml",))
     settings = json.loads(job_settings(config, "claims"))
     references = {**settings["references"], "table2": "workflow/reference/censor_table2.csv"}
     published = {
@@ -236,3 +237,12 @@ def test_a_bad_claims_file_stops_the_stage_with_the_key(tmp_path):
     assert "configuration error" in proc.stderr and "claims[0] (a).check: missing 'compare'" in (
         proc.stderr
     )
+
+
+def test_dvcs_claims_stage_reads_every_result_a_claim_reads():
+    """`dvc repro` reruns the claims when any result they read changes: its deps must list each
+    (a claim added on a new table without its file there would go stale under DVC)."""
+    config = load(REPO_ROOT / "params.yaml")
+    stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["claims"]
+    results = {d for d in stage["deps"] if d.startswith("results/")}
+    assert results == set(claim_inputs(config, REPO_ROOT / "workflow/claims.yaml"))

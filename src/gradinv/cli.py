@@ -161,6 +161,24 @@ def _cmd_claims(a: argparse.Namespace) -> None:
     run(_settings(a.settings), Path(a.claims), Path(a.results_dir), Path(a.out_dir))
 
 
+def _cmd_client_time(a: argparse.Namespace) -> None:
+    from gradinv.stages.client_time import measure
+
+    measure(_settings(a.settings), Path(a.prepared_dir), Path(a.out))
+
+
+def _cmd_report_client_time(a: argparse.Namespace) -> None:
+    from gradinv.stages.client_time import report
+
+    report(_settings(a.settings), [Path(p) for p in a.runs], Path(a.out_dir))
+
+
+def _cmd_frontier(a: argparse.Namespace) -> None:
+    from gradinv.stages.frontier import run
+
+    run(_settings(a.settings), Path(a.cells), Path(a.out_dir))
+
+
 def _cmd_report_public(a: argparse.Namespace) -> None:
     from gradinv.stages.public import run
 
@@ -317,6 +335,18 @@ def parser() -> argparse.ArgumentParser:
     sp = verb("claims", _cmd_claims, "check the papers' claims against the result files")
     sp.add_argument("--claims", default="workflow/claims.yaml")
     sp.add_argument("--results-dir", default="results")
+    sp.add_argument("--out-dir", default="results")
+
+    sp = verb("client-time", _cmd_client_time, "time one client's defended update (Table 4)")
+    sp.add_argument("--prepared-dir", default="data/prepared")
+    sp.add_argument("--out", required=True)
+
+    sp = verb("report-client-time", _cmd_report_client_time, "Refiner's Table 4 from the timings")
+    sp.add_argument("--runs", nargs="+", required=True)
+    sp.add_argument("--out-dir", default="results")
+
+    sp = verb("frontier", _cmd_frontier, "utility against privacy for every defense's sweep")
+    sp.add_argument("--cells", required=True, help="the frontier table's long table")
     sp.add_argument("--out-dir", default="results")
 
     sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)

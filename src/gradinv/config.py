@@ -149,6 +149,7 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
     for section in ("defenses", "attacks"):
         if isinstance(config.get(section), dict):
             resolve_variants(config[section], section, source)
+    expand_sweeps(config, source)
     validator = jsonschema.Draft202012Validator(full_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
     # An if/then failure also reports the bare "kind" mismatch; the specific one says more.
@@ -190,6 +191,86 @@ def resolve_variants(blocks: dict[str, Any], section: str, source: str) -> None:
         resolve(name, ())
 
 
+def _value_text(value: Any) -> str:
+    """A swept value as the variant's name and label show it: 0.001, 1000, true."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def sweep_variant(defense: str, setting: str, value: Any) -> str:
+    """The run key of ``defense`` with ``setting`` at ``value``: ``noise-std0.001``."""
+    return f"{defense}-{setting}{_value_text(value)}"
+
+
+def sweep_points(config: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
+    """Every defense variant a sweep made, by run key: (base defense, setting, value)."""
+    return {
+        sweep_variant(s["defense"], s["setting"], v): (s["defense"], s["setting"], v)
+        for s in config.get("sweeps", {}).values()
+        for v in s["values"]
+    }
+
+
+def expand_sweeps(config: dict[str, Any], source: str) -> None:
+    """Add a defense block for each value of each sweep (``sweeps:``), and each table's swept
+    variants (its ``sweeps:``) to its defenses, in place: everything downstream sees ordinary
+    defenses. A variant is its base block with the one setting changed, labelled with it."""
+    sweeps, defenses = config.get("sweeps") or {}, config.get("defenses")
+    if not isinstance(sweeps, dict) or not isinstance(defenses, dict):
+        return  # the schema names the problem
+    for name, sweep in sweeps.items():
+        if not isinstance(sweep, dict) or not {"defense", "setting", "values"} <= set(sweep):
+            continue  # the schema names the missing key
+        base, setting = sweep["defense"], sweep["setting"]
+        if base not in defenses:
+            close = difflib.get_close_matches(str(base), defenses, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: sweeps.{name}.defense: {base!r} is not defined.{hint}")
+        if setting not in defenses[base] or setting in ("kind", "label"):
+            raise ConfigError(
+                f"{source}: sweeps.{name}.setting: {setting!r} is not a setting of defense "
+                f"{base!r} (its settings: {', '.join(k for k in defenses[base] if k != 'kind')})."
+            )
+        for value in sweep["values"]:
+            key = sweep_variant(base, setting, value)
+            block = merge(
+                defenses[base],
+                {
+                    setting: value,
+                    "label": f"{defenses[base]['label']} {setting}={_value_text(value)}",
+                },
+            )
+            if key in defenses and defenses[key] != block:
+                raise ConfigError(
+                    f"{source}: sweeps.{name}: the variant {key!r} is also defined under "
+                    "defenses with other settings; rename that block."
+                )
+            defenses[key] = block
+    for table, spec in (config.get("tables") or {}).items():
+        names = spec.get("sweeps", []) if isinstance(spec, dict) else []
+        for name in names:
+            if name not in sweeps:
+                close = difflib.get_close_matches(str(name), sweeps, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"{source}: tables.{table}.sweeps: {name!r} is not defined under sweeps.{hint}"
+                )
+        if names:
+            swept = [
+                sweep_variant(sweeps[n]["defense"], sweeps[n]["setting"], v)
+                for n in names
+                for v in sweeps[n]["values"]
+            ]
+            spec["defenses"] = list(dict.fromkeys([*spec.get("defenses", []), *swept]))
+
+
+def table_models(config: dict[str, Any], table: str) -> list[str]:
+    """The models a table attacks: its ``model``, one name or a list (CVB's Table V)."""
+    model = config["tables"][table]["model"]
+    return [model] if isinstance(model, str) else list(model)
+
+
 def table_rounds(config: dict[str, Any], table: str) -> list[int]:
     """The FL rounds a table attacks: its own ``rounds``, else ``capture.round``."""
     return list(config["tables"][table].get("rounds", [config["capture"]["round"]]))
@@ -207,6 +288,10 @@ def table_victims(config: dict[str, Any], table: str) -> int:
 def _check_references(config: dict[str, Any], source: str) -> None:
     """Names used in ``tables`` must be defined in their sections."""
     for table, spec in config["tables"].items():
+        if not spec["defenses"]:
+            raise ConfigError(
+                f"{source}: tables.{table}: no defenses; list some under defenses or sweeps."
+            )
         for key, section in (
             ("datasets", config["data"]["sources"]),
             ("defenses", config["defenses"]),
@@ -221,10 +306,21 @@ def _check_references(config: dict[str, Any], source: str) -> None:
                         f"{source}: tables.{table}.{key}: {name!r} is not defined "
                         f"under {where}.{hint}"
                     )
-        if spec["model"] not in config["models"]:
-            raise ConfigError(
-                f"{source}: tables.{table}.model: {spec['model']!r} is not defined under models."
-            )
+        for model in table_models(config, table):
+            if model not in config["models"]:
+                raise ConfigError(
+                    f"{source}: tables.{table}.model: {model!r} is not defined under models."
+                )
+    study = config.get("client_time")
+    if study:
+        for key, section in (("models", config["models"]), ("defenses", config["defenses"])):
+            for name in study[key]:
+                if name not in section:
+                    close = difflib.get_close_matches(name, section, n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise ConfigError(
+                        f"{source}: client_time.{key}: {name!r} is not defined under {key}.{hint}"
+                    )
     from gradinv.attacks import ATTACKS
     from gradinv.settings import from_mapping
 
@@ -517,12 +613,13 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
                     f"images of {name}, which needs {need} images, but it has {pool}; lower "
                     "capture.victims, capture.victim_stride or the batch size."
                 )
-        if threat["bn_statistics"] and not _has_batch_norm(config["models"][spec["model"]]):
-            fail(
-                f"threat_model.bn_statistics: true needs batch-norm layers, but "
-                f"tables.{table}.model {spec['model']!r} has none; set it to false or use a "
-                "model with norm: batch."
-            )
+        for model in table_models(config, table):
+            if threat["bn_statistics"] and not _has_batch_norm(config["models"][model]):
+                fail(
+                    f"threat_model.bn_statistics: true needs batch-norm layers, but "
+                    f"tables.{table}.model {model!r} has none; set it to false or use a "
+                    "model with norm: batch."
+                )
 
 
 def _has_batch_norm(model: dict[str, Any]) -> bool:
@@ -685,6 +782,29 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "labels": run_labels(config),
             }
         )
+    if stage == "client_time":
+        # A train job's settings (model, defense, its evaluation network) with the study's.
+        out = json.loads(job_settings(config, "train", **w))
+        del out["partition"]  # the batch is the training split's, not a client's
+        return _dump(out | {"client_time": config["client_time"]})
+    if stage == "client_time_report":
+        study = config["client_time"]
+        return _dump(
+            {
+                **common,
+                "client_time": study,
+                "labels": run_labels(config)["defenses"],
+                "models": {m: config["models"][m] for m in study["models"]},
+            }
+        )
+    if stage == "frontier":
+        return _dump(
+            {
+                **common,
+                "sweep_points": sweep_points(config),
+                "labels": run_labels(config)["defenses"],
+            }
+        )
     if stage == "convergence_report":
         conv = config["convergence"]
         return _dump(
@@ -791,8 +911,9 @@ def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
         return []
     defenses = list(dict.fromkeys([*spec["defenses"], "none"]))
     return [
-        f"results/utility/{d}/{spec['model']}/{f}/summary.json"
+        f"results/utility/{d}/{m}/{f}/summary.json"
         for d in spec["datasets"]
+        for m in table_models(config, table)
         for f in defenses
     ]
 

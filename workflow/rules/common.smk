@@ -3,7 +3,7 @@
 wildcard_constraints:
     dataset=r"[A-Za-z0-9_-]+",
     model=r"[A-Za-z0-9_-]+",
-    defense=r"[A-Za-z0-9_-]+",
+    defense=r"[A-Za-z0-9_.-]+",  # "." : a sweep's value (noise-std0.01)
     attack=r"[A-Za-z0-9_-]+",
     round=r"\d+",
     bs=r"\d+",
@@ -21,8 +21,9 @@ def table_jobs(table, stage, ext):
     """Every per-victim file of `stage` that table `table` aggregates."""
     spec, bs = config["tables"][table], table_batch_size(config, table)
     return expand(
-        f"results/{stage}/{{dataset}}/{spec['model']}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
+        f"results/{stage}/{{dataset}}/{{model}}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
         dataset=spec["datasets"],
+        model=table_models(config, table),
         defense=spec["defenses"],
         round=table_rounds(config, table),
         attack=spec["attacks"],
@@ -36,6 +37,7 @@ def table_victims_files(table):
     return [
         f"results/victims/{d}/b{bs}/victim{v}.pt"
         for d in spec["datasets"]
+        for _ in table_models(config, table)
         for _ in spec["defenses"]
         for _ in table_rounds(config, table)
         for _ in spec["attacks"]

@@ -47,3 +47,24 @@ if "fig10_public" in config["tables"]:
             "gradinv report-public --settings {params.settings:q} --metrics {input.metrics} "
             "--reconstructions {input.reconstructions} --victims {input.victims} "
             "--prepared-dir data/prepared --out-dir results > {log} 2>&1"
+
+
+if "frontier_runs" in config["tables"]:
+
+    rule report_frontier:
+        # Every defense at each strength of its sweep: PMM against privacy under the strongest
+        # attack run against it (results/frontier.csv, results/frontier.png).
+        input:
+            "results/frontier_runs_cells.csv",
+        output:
+            csv="results/frontier.csv",
+            figure="results/frontier.png",
+        params:
+            settings=lambda w: job_settings(config, "frontier"),
+        conda:
+            "../../environment.yml"
+        log:
+            "results/logs/report/frontier.log",
+        shell:
+            "gradinv frontier --settings {params.settings:q} --cells {input} "
+            "--out-dir results > {log} 2>&1"

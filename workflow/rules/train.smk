@@ -31,9 +31,10 @@ rule trained_models:
     input:
         sorted(
             {
-                f"results/train/{d}/{t['model']}/{f}/summary.json"
-                for t in config["tables"].values()
+                f"results/train/{d}/{m}/{f}/summary.json"
+                for name, t in config["tables"].items()
                 for d in t["datasets"]
+                for m in table_models(config, name)
                 for f in t["defenses"]
             }
         ),

@@ -43,8 +43,11 @@ Choices where both are silent:
   a start of its own label); ``auto``: ``batch`` when the
   batch has another sample, else ``noise`` (a batch of one image), recorded per update.
 - Sensitive samples: ``sensitive: fraction`` marks the first ceil(fraction * B) samples of the
-  batch (a client's batch is a random draw, so this is a random choice), ``labels`` every sample
-  whose label is listed (Table 3's "only the digit 6 needs protection").
+  batch (a client's batch is a random draw, so this is a random choice), ``count`` the first
+  ``count`` samples (the official code's ``num_sen``, 1), ``labels`` every sample whose label is
+  listed (Table 3's "only the digit 6 needs protection").
+- ``noise_std`` adds Gaussian noise to the shared gradient after everything else (Table 3's
+  "DCS² + Gaussian", which protects every sample while DCS² conceals the sensitive ones).
 - The search is Adam at ``lr`` (the code's 0.1) on the concealed samples as model inputs, each
   sample's objective summed; the distances are on model inputs, as in the code. With ``box``
   the concealed samples stay valid images (pixels clamped to [0, 1] after every step): a
@@ -77,7 +80,8 @@ class DCS2(Defense):
 
     @dataclass(frozen=True)
     class Settings:
-        sensitive: Literal["fraction", "labels"] = "fraction"
+        sensitive: Literal["fraction", "count", "labels"] = "fraction"
+        count: int = bounded(1, ge=1, doc="sensitive: count: the first `count` samples (the code)")
         fraction: float = bounded(
             0.5, gt=0.0, le=1.0, doc="sensitive: fraction: the first ceil(fraction * B) samples"
         )
@@ -101,6 +105,9 @@ class DCS2(Defense):
         mixing: Literal["augmented", "literal"] = "augmented"
         projection: bool = False  # DCS²+: keep <g, g_c> >= 0 (Eq. 8-9)
         margin: float = bounded(0.0, ge=0.0, doc="the QP's v >= margin (the code: 0.5)")
+        noise_std: float = bounded(
+            0.0, ge=0.0, doc="Table 3's DCS² + Gaussian: noise of this std on the shared gradient"
+        )
 
     @classmethod
     def uses_public(cls, settings: Settings) -> bool:
@@ -111,6 +118,8 @@ class DCS2(Defense):
         s = self.settings
         if s.sensitive == "labels":
             return [i for i, y in enumerate(labels.tolist()) if y in s.labels]
+        if s.sensitive == "count":  # the official code's num_sen: one per batch by default
+            return list(range(min(s.count, len(labels))))
         return list(range(math.ceil(s.fraction * len(labels) - 1e-9)))
 
     def shared_batch_size(self, labels: Tensor) -> int:
@@ -128,7 +137,8 @@ class DCS2(Defense):
         sensitive = self.sensitive_indices(labels)
         self.last = {"sensitive": sensitive, "concealed": 0, "projected": False}
         if not sensitive:  # nothing to protect in this batch: the plain gradient
-            return {n: v.detach() for n, v in gradients_of(model, inputs, labels, loss_fn).items()}
+            g = {n: v.detach() for n, v in gradients_of(model, inputs, labels, loss_fn).items()}
+            return self._noised(g, generator)
         # Batch-norm statistics move once, with the pass whose gradient is shared: the augmented
         # batch's (or, for Eq. 7 as printed, the batch's); every other pass keeps them.
         with buffers_kept(model) if s.mixing == "augmented" else nullcontext():
@@ -158,7 +168,17 @@ class DCS2(Defense):
             "projected": projected,
             "input_distance": float((concealed - targets).flatten(1).norm(dim=1).mean()),
         }
-        return g_c
+        return self._noised(g_c, generator)
+
+    def _noised(self, grads: Gradients, generator: torch.Generator) -> Gradients:
+        """Table 3's combination with DP: Gaussian noise of ``noise_std`` on every entry of the
+        shared gradient, after the concealment (and projection), drawn on the CPU."""
+        std = self.settings.noise_std
+        if std == 0:
+            return grads
+        return {
+            n: g + std * torch.randn(g.shape, generator=generator).to(g) for n, g in grads.items()
+        }
 
     def _starts(
         self,

@@ -80,6 +80,7 @@ class Refiner(Defense):
         tau: float = bounded(0.95, ge=0.0, le=1.0, doc="layer-wise weight decay tau^i")
         lr: float = bounded(1.0, gt=0.0, doc="step size of the gradient descent on x*")
         weighting: Literal["equation", "text"] = "equation"
+        element_weight: bool = True  # |g * theta| per element; false: tau^i alone (Table 10)
         warm_start: bool = False
         warm_iterations: int = bounded(5, ge=0, doc="iota when every image has robust data")
 
@@ -169,7 +170,8 @@ class Refiner(Defense):
         return (x - s.lr * step).clamp(0, 1).detach(), float(um.detach())
 
     def _weights(self, model: nn.Module, true: Gradients) -> Gradients:
-        """|g * theta * tau^i| for every parameter, i the 1-based index of its module (Eq. 3)."""
+        """|g * theta * tau^i| for every parameter, i the 1-based index of its module (Eq. 3);
+        without the element-wise weight (``element_weight: false``, Table 10) tau^i alone."""
         weights: Gradients = {}
         layer = 0
         for prefix, module in model.named_modules():
@@ -179,7 +181,12 @@ class Refiner(Defense):
             layer += 1
             for n, p in own:
                 name = f"{prefix}.{n}" if prefix else n
-                weights[name] = (true[name] * p.detach() * self.settings.tau**layer).abs()
+                decay = self.settings.tau**layer
+                weights[name] = (
+                    (true[name] * p.detach() * decay).abs()
+                    if self.settings.element_weight
+                    else torch.full_like(p, decay)
+                )
         return weights
 
     def _project(self, shared: Gradients, true: Gradients) -> tuple[Gradients, float, float]:

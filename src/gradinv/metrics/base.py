@@ -59,6 +59,13 @@ class MetricSettings:
         "for the dataset (data/evalnet/<dataset>.pt)",
     )
     match: bool = bounded(True, doc="Hungarian-match reconstructions to originals when N > 1")
+    success_ssim: float = bounded(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        doc="attack_success (the CVB paper's ASR): an image counts as reconstructed at this SSIM "
+        "or above; the paper's text lost the value, 0.6 fits its tables (SSIM 0.64 -> ASR 85%)",
+    )
     match_cost: Literal["mse", "ssim", "lpips"] = bounded(
         "mse", doc="pairwise metric that the Hungarian matching minimizes"
     )

@@ -7,6 +7,7 @@ and read back only by the scoring stage.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -161,25 +162,29 @@ def run(
         model.to(device).train(threat["model_mode"] == "train")
         inputs, labels = batch.normalized(mean, std).to(device), batch.labels.to(device)
         protocol = {k: fl[k] for k in ("protocol", "local_steps", "local_lr")}
-        update, _ = client_update(
-            model,
-            inputs,
-            labels,
-            defense,
-            **protocol,
-            generator=torch.Generator().manual_seed(seed),
-        )
+
+        def update_under(chosen: Defense) -> tuple[dict[str, Tensor], float]:
+            """The client's update under ``chosen`` and its wall time (Refiner's Table 4)."""
+            synchronize(device)
+            start = time.perf_counter()
+            out, _ = client_update(
+                model,
+                inputs,
+                labels,
+                chosen,
+                **protocol,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            synchronize(device)
+            return out, time.perf_counter() - start
+
         # What the defense changed, measured on the client's side: the cosine between the shared
-        # update and the update the client would have shared undefended.
-        undefended, _ = client_update(
-            model,
-            inputs,
-            labels,
-            build_defense("none", {}, where="capture"),
-            **protocol,
-            generator=torch.Generator().manual_seed(seed),
-        )
+        # update and the update the client would have shared undefended. The undefended update
+        # runs first, so the defended one is not timed with the first call's warm-up.
+        undefended, _ = update_under(build_defense("none", {}, where="capture"))
+        update, seconds = update_under(defense)
         diagnostics = client_diagnostics(defense, update, undefended)
+        diagnostics["client_seconds"] = seconds
     meta = PublicMeta(
         dataset=settings["dataset"],
         batch_size=shared_size,
@@ -207,6 +212,12 @@ def run(
     save_tensors(
         out, {"server": server.to_dict(), "update": shared.to_dict(), "client": diagnostics}
     )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the queued GPU work, so that a wall time measures the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def client_diagnostics(

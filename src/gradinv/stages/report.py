@@ -25,13 +25,19 @@ def run(
     spec = settings["table"]
     name = settings["table_name"]
     rounds, n_victims = settings["rounds"], settings["victims"]
-    rows = ("dataset", "defense", "round") if len(rounds) > 1 else ("dataset", "defense")
+    models = [spec["model"]] if isinstance(spec["model"], str) else list(spec["model"])
+    rows = (
+        "dataset",
+        *(["model"] if len(models) > 1 else []),
+        "defense",
+        *(["round"] if len(rounds) > 1 else []),
+    )
     sweep = _sweep(spec.get("x_axis"), settings["defenses"], rounds)
     attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
     setting = {
         "scale": settings["scale"],
         "datasets": ", ".join(spec["datasets"]),
-        "model": f"{spec['model']} {settings['models'][spec['model']]}",
+        "model": "; ".join(f"{m} {settings['models'][m]}" for m in models),
         "protocol": settings["fl"]["protocol"],
         "round attacked": ", ".join(map(str, rounds)),
         "batch size": settings["capture"]["batch_size"],
@@ -68,8 +74,16 @@ def run(
         metrics=spec.get("metrics", DEFAULT_METRICS),
         sweep=sweep,
         training=_training(spec, summaries, settings),
+        models=models,
     )
-    _grid(metric_files, reconstructions, victims, out_dir / "figures" / f"{name}_grid.png", rounds)
+    _grid(
+        metric_files,
+        reconstructions,
+        victims,
+        out_dir / "figures" / f"{name}_grid.png",
+        rounds,
+        several_models=len(models) > 1,
+    )
 
 
 def _training(
@@ -102,6 +116,7 @@ def _grid(
     victims: list[Path],
     out: Path,
     rounds: list[int],
+    several_models: bool = False,
 ) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch)."""
     entries = []
@@ -111,7 +126,8 @@ def _grid(
             GridEntry(
                 dataset=row["dataset_label"],
                 # One grid row per round too when the table spans rounds (Table V).
-                defense_label=row["defense_label"]
+                defense_label=(f"{row['model']}: " if several_models else "")
+                + row["defense_label"]
                 + (f", round {row['round']}" if len(rounds) > 1 else ""),
                 attack_label=row["attack_label"],
                 victim=row["victim"],

@@ -94,6 +94,8 @@ def run(
         row["evaluation_network_weights"] = weights_digest(
             project_path(metric_settings.evaluation_network)
         )
+    row["attack_success"] = _success_rate(scores.get("ssim_per_image"), metric_settings)
+    row["client_seconds"] = client.get("client_seconds")  # Refiner's Table 4
     row["update_cosine"] = client.get("update_cosine")
     fired = client.get("fallback_fired")
     row["fallback_rate"] = None if fired is None else float(fired)
@@ -118,7 +120,7 @@ def _track(
     )
     metrics = {
         k: row[k]
-        for k in (*TRACKED, "update_cosine", "fallback_rate")
+        for k in (*TRACKED, "attack_success", "client_seconds", "update_cosine", "fallback_rate")
         if k in row and row[k] is not None and not _is_bad(row[k])
     }
     metrics["attack_seconds"] = row["attack_seconds"]
@@ -155,6 +157,14 @@ def _track(
         summary=row,
         images=images,
     )
+
+
+def _success_rate(ssim: list[float] | None, settings: MetricSettings) -> float | None:
+    """The CVB paper's attack success: the fraction of the batch's images reconstructed at SSIM
+    ``success_ssim`` or above (0 or 1 for one image; a table's mean over victims is its ASR)."""
+    if not ssim:
+        return None
+    return sum(v >= settings.success_ssim for v in ssim) / len(ssim)
 
 
 def _is_bad(x: Any) -> bool:

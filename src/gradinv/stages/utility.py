@@ -89,23 +89,25 @@ def describe(block: dict[str, Any]) -> str:
 
 def training_metrics(
     runs: list[dict[str, Any]], last: int
-) -> dict[str, dict[tuple[str, str], tuple[float | None, str]]]:
-    """The accuracy (%) and PMM of each run by (dataset, defense), each as (value, why it is
-    missing or ""), for the tables that show what a defense costs (metrics of scope
-    ``training``); PMM is relative to the ``none`` run of the same dataset."""
+) -> dict[str, dict[tuple[str, str, str], tuple[float | None, str]]]:
+    """The accuracy (%) and PMM of each run by (dataset, model, defense), each as (value, why it
+    is missing or ""), for the tables that show what a defense costs (metrics of scope
+    ``training``); PMM is relative to the ``none`` run of the same dataset and model."""
     accuracy = {}
     for s in runs:
         value = final_accuracy(s, last)[0]
         why = "" if value is not None else f"training {s['status']}: {s.get('failure') or ''}"
-        accuracy[(s["dataset"], s["defense"])] = (value, why)
+        accuracy[(s["dataset"], s["model"], s["defense"])] = (value, why)
     pmm = {}
-    for (dataset, defense), (value, why) in accuracy.items():
-        reference, ref_why = accuracy.get((dataset, REFERENCE), (None, "no run without defense"))
+    for (dataset, model, defense), (value, why) in accuracy.items():
+        reference, ref_why = accuracy.get(
+            (dataset, model, REFERENCE), (None, "no run without defense")
+        )
         if value is not None and reference:
-            pmm[(dataset, defense)] = (value / reference, "")
+            pmm[(dataset, model, defense)] = (value / reference, "")
         else:
             ref_why = ref_why or "0% accuracy"
-            pmm[(dataset, defense)] = (None, why or f"the run without defense: {ref_why}")
+            pmm[(dataset, model, defense)] = (None, why or f"the run without defense: {ref_why}")
     return {"accuracy": accuracy, "pmm": pmm}
 
 

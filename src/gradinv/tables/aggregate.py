@@ -57,6 +57,11 @@ METRICS: dict[str, MetricSpec] = {
     # and (CENSOR) whether no candidate beat the undefended loss; the mean is the rate.
     "update_cosine": MetricSpec("UpdateCos", "↓", 4),
     "fallback_rate": MetricSpec("Fallback", "↓", 3),
+    # The CVB paper's attack success rate: the mean over victims of the share of images
+    # reconstructed at SSIM >= metrics.success_ssim.
+    "attack_success": MetricSpec("ASR", "↓", 3),
+    # Refiner's Table 4: seconds one client spends on its defended update in a round.
+    "client_seconds": MetricSpec("Time(s)", "↓", 4),
     # What the defense costs: the test accuracy (%) of FL training under it, and Refiner's PMM
     # (that accuracy over the accuracy without a defense), from the utility study's runs.
     "accuracy": MetricSpec("Accuracy", "↑", 2, scope="training"),
@@ -212,13 +217,14 @@ def long_table(
     defenses: Sequence[str],
     metrics: Sequence[str] = DEFAULT_METRICS,
     datasets: Sequence[str] | None = None,
+    models: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """One line per (row, attack, metric) cell, in the table's order; the source of every output.
 
-    Rows are the product of the ordered row values (``datasets`` and ``defenses`` give the order
-    of those columns; other row columns are sorted), so a combination without any run shows up as
-    a ``no runs`` cell instead of vanishing. Runs outside the listed attacks, defenses and
-    datasets are not part of this table and are left out.
+    Rows are the product of the ordered row values (``datasets``, ``models`` and ``defenses`` give
+    the order of those columns; other row columns are sorted), so a combination without any run
+    shows up as a ``no runs`` cell instead of vanishing. Runs outside the listed attacks, defenses
+    and datasets are not part of this table and are left out.
     """
     for metric in metrics:
         metric_spec(metric)
@@ -229,7 +235,7 @@ def long_table(
     if datasets is not None:
         keep &= df["dataset"].isin(datasets)
     sub = df[keep]
-    given = {"dataset": datasets, "defense": defenses}
+    given = {"dataset": datasets, "defense": defenses, "model": models}
     row_values = [_row_values(sub, c, given.get(c)) for c in rows]
     groups = {key: g for key, g in sub.groupby([*rows, "attack"], sort=False, dropna=False)}
     attack_labels = {a: _row_label(sub, "attack", a) for a in attacks}

@@ -87,7 +87,8 @@ def render_table(
     title: str | None = None,
     reproduces: str = "the published table",
     sweep: Sweep | None = None,
-    training: Mapping[str, Mapping[tuple[str, str], tuple[float | None, str]]] | None = None,
+    training: Mapping[str, Mapping[tuple[str, str, str], tuple[float | None, str]]] | None = None,
+    models: Sequence[str] | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv``, ``<name>_cells.csv`` (the
     long table: one line per cell, what ``workflow/claims.yaml`` is checked against) and
@@ -99,14 +100,14 @@ def render_table(
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
     figure is a line over the swept value (a round, CENSOR's T) instead of bars. ``training``
-    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, defense) as (value,
+    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
     failure reason or ""), from the defenses' FL training runs rather than the metrics files.
     """
     out_dir = Path(out_dir)
     training = training or {}
     df = collect(metric_files, metrics=[m for m in metrics if m not in training])
     for metric, values in training.items():
-        runs = [values[(d, f)] for d, f in zip(df["dataset"], df["defense"], strict=True)]
+        runs = [values[key] for key in zip(df["dataset"], df["model"], df["defense"], strict=True)]
         df[metric] = [math.nan if v is None else float(v) for v, _ in runs]
         df[f"{metric}_failure"] = [failure for _, failure in runs]
         df[unavailable_column(metric)] = False
@@ -118,7 +119,13 @@ def render_table(
             "scaled_down_note says what was scaled down and why."
         )
     long = long_table(
-        df, rows=rows, attacks=attacks, defenses=defenses, metrics=metrics, datasets=datasets
+        df,
+        rows=rows,
+        attacks=attacks,
+        defenses=defenses,
+        metrics=metrics,
+        datasets=datasets,
+        models=models,
     )
     comparison = vs_paper(long, reference_csv) if reference_csv is not None else empty_comparison()
     paths = {

@@ -1,0 +1,154 @@
+"""Stage: what a defense costs a client in time (Refiner's Table 4), and its table.
+
+``measure`` times one client's defended update on a batch of ``batch_size`` training images, on
+the initial model (round 0, the seed's), ``repeats`` times after one untimed call, and records
+the median and every time. The calls run on one defense object, as successive rounds of one
+client: Refiner's warm start then reuses the robust data of the call before, and the untimed
+first call is the paper's "first round" that has none. ``report`` lays the medians out as the
+paper does (defenses by models), with the published seconds beside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from gradinv.config import method_settings
+from gradinv.data import load_prepared
+from gradinv.data.prepared import public_pool
+from gradinv.fl.client import client_update
+from gradinv.io import atomic_path, read_json, write_json
+from gradinv.models import build_model
+from gradinv.protocol import normalize
+from gradinv.resources import acquire_device
+from gradinv.stages.capture import synchronize
+from gradinv.stages.common import (
+    client_defense,
+    derive_seed,
+    model_spec,
+    project_path,
+    record,
+    setup,
+    update_lr,
+)
+from gradinv.tables.render import write_csv
+
+
+def measure(settings: dict[str, Any], prepared_dir: Path, out: Path) -> None:
+    setup(settings)
+    study = settings["client_time"]
+    ds = load_prepared(settings["dataset"], prepared_dir)
+    where = f"defenses.{settings['defense_name']}"
+
+    def public(chosen: Any) -> tuple[Tensor, Tensor]:
+        images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
+        return normalize(images, ds.mean, ds.std), labels
+
+    defense = client_defense(settings, ds.mean, ds.std, update_lr(settings["fl"]), public)
+    spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
+    if defense.architectural:
+        extension = {"kind": settings["defense"]["kind"]}
+        extension["settings"] = method_settings(settings["defense"])
+        spec = replace(spec, extension=extension)
+    fl = settings["fl"]
+    protocol = {k: fl[k] for k in ("protocol", "local_steps", "local_lr")}
+    seed = derive_seed(
+        settings["seed"], "client_time", settings["dataset"], settings["defense_name"]
+    )
+    n = min(study["batch_size"], len(ds.train_labels))
+    # Evenly spaced training images: the split is sorted by class.
+    every = len(ds.train_labels) // n
+    images, labels = ds.train_subset(range(0, len(ds.train_labels), every)[:n])
+    times = []
+    with acquire_device(settings["device"]) as device:
+        model = build_model(spec, seed=settings["seed"]).to(device)
+        model.train(settings["threat_model"]["model_mode"] == "train")
+        inputs = normalize(images, ds.mean, ds.std).to(device)
+        labels = labels.to(device)
+        for call in range(study["repeats"] + 1):
+            synchronize(device)
+            start = time.perf_counter()
+            client_update(
+                model,
+                inputs,
+                labels,
+                defense,
+                **protocol,
+                generator=torch.Generator().manual_seed(seed + call),
+            )
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    write_json(
+        out,
+        {
+            "dataset": settings["dataset"],
+            "model": settings["model_name"],
+            "defense": settings["defense_name"],
+            "defense_label": settings["defense"]["label"],
+            "batch_size": n,
+            "seconds": statistics.median(times[1:]),
+            "first_call_seconds": times[0],
+            "timed_seconds": times[1:],
+            "device": device_name,
+            "threads": torch.get_num_threads(),
+            **record(settings, ds.sha256),
+        },
+    )
+
+
+def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
+    """``refiner_table4_time.csv``/``.md``: median seconds by defense (rows) and model."""
+    study = settings["client_time"]
+    runs = pd.DataFrame.from_records([read_json(p) for p in files])
+    table = runs.pivot(index="defense", columns="model", values="seconds")
+    table = table.reindex(index=study["defenses"], columns=study["models"])
+    table.insert(0, "defense_label", [settings["labels"][d] for d in table.index])
+    table = table.reset_index()
+    table["scale"] = settings["scale"]
+    write_csv(table, out_dir / "refiner_table4_time.csv")
+    published = _published(settings)
+    lines = [f"# {study['title']}", ""]
+    if settings["scale"] == "embedded":
+        lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
+    devices = ", ".join(sorted(set(runs["device"])))
+    lines += [
+        f"Median seconds a client spends on one round's defended update (batch of "
+        f"{int(runs['batch_size'].iloc[0])} images, {study['repeats']} timed calls after an "
+        f"untimed first one), measured on: {devices}. In parentheses: the paper's seconds "
+        "(an A10 GPU, batch 128), where it reports the cell.",
+        "",
+        "| defense | " + " | ".join(study["models"]) + " |",
+        "|---|" + "---|" * len(study["models"]),
+    ]
+    for row in table.to_dict("records"):
+        cells = []
+        for model in study["models"]:
+            paper = published.get((model, row["defense_label"]))
+            ours = "" if pd.isna(row[model]) else f"{row[model]:.4f}"
+            cells.append(ours + (f" ({paper:g})" if paper is not None else ""))
+        lines.append(f"| {row['defense_label']} | " + " | ".join(cells) + " |")
+    models = ", ".join(f"{m} {settings['models'][m]}" for m in study["models"])
+    lines += [
+        "",
+        f"Models: {models}.",
+        f"git commit(s): {', '.join(sorted(set(map(str, runs['git_commit']))))}",
+        "",
+    ]
+    with atomic_path(out_dir / "refiner_table4_time.md") as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _published(settings: dict[str, Any]) -> dict[tuple[str, str], float]:
+    reference = settings["client_time"]["reference"]
+    if not reference:
+        return {}
+    ref = pd.read_csv(project_path(reference))
+    return {(r["model"], r["defense"]): float(r["value"]) for r in ref.to_dict("records")}

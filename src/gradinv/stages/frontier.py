@@ -1,0 +1,135 @@
+"""Stage: the utility-privacy frontier (``results/frontier.csv`` and ``results/frontier.png``).
+
+Every defense of the ``frontier`` table, at each strength of its sweep, as one point: its utility
+(PMM, the accuracy of FL training under it over the accuracy without) against its privacy under
+the strongest attack run against it. "Strongest" is taken per privacy metric, from the attacker's
+side: the highest PSNR and SSIM, the lowest LPIPS over the table's attacks (plain, transform-aware,
+EOT and Ignore), so an adaptive attack that breaks a defense moves its point, as it should. The
+attack behind each value is written beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from gradinv.io import atomic_path
+from gradinv.tables.figures import DPI, PNG_METADATA
+from gradinv.tables.render import write_csv
+
+#: The privacy metrics of the frontier and the attacker's preference: the best attack maximizes
+#: PSNR and SSIM and minimizes LPIPS.
+PRIVACY: dict[str, str] = {"psnr": "max", "ssim": "max", "lpips": "min"}
+LABELS = {
+    "psnr": "PSNR (dB), strongest attack",
+    "ssim": "SSIM, strongest attack",
+    "lpips": "LPIPS, strongest attack",
+}
+COLUMNS = ("dataset", "defense", "defense_label", "base", "setting", "value", "pmm")
+
+
+def run(settings: dict[str, Any], cells_path: Path, out_dir: Path) -> None:
+    cells = pd.read_csv(cells_path)
+    frontier = frontier_points(cells, settings["sweep_points"], settings["labels"])
+    frontier["scale"] = settings["scale"]
+    write_csv(frontier, out_dir / "frontier.csv")
+    draw(frontier, out_dir / "frontier.png", settings)
+
+
+def frontier_points(
+    cells: pd.DataFrame, sweeps: dict[str, list[Any]], labels: dict[str, str]
+) -> pd.DataFrame:
+    """One row per (dataset, defense): PMM and, per privacy metric, the strongest attack's mean
+    and name. ``sweeps`` maps a swept variant to [base, setting, value]; other defenses are their
+    own base, at no setting."""
+    rows = []
+    for (dataset, defense), group in cells.groupby(["dataset", "defense"], sort=False):
+        base, setting, value = sweeps.get(defense, (defense, "", None))
+        row: dict[str, Any] = {
+            "dataset": dataset,
+            "defense": defense,
+            "defense_label": group["defense_label"].iloc[0],
+            "base": base,
+            "base_label": labels.get(base, base),
+            "setting": setting,
+            "value": value,
+            "pmm": _first(group, "pmm"),
+        }
+        for metric, pick in PRIVACY.items():
+            scored = group[(group["metric"] == metric) & (group["n"] > 0)].dropna(subset=["mean"])
+            if scored.empty:
+                row[metric], row[f"{metric}_attack"] = math.nan, ""
+                continue
+            best = scored.loc[scored["mean"].idxmax() if pick == "max" else scored["mean"].idxmin()]
+            row[metric], row[f"{metric}_attack"] = float(best["mean"]), best["attack_label"]
+        rows.append(row)
+    return pd.DataFrame.from_records(rows)
+
+
+def _first(group: pd.DataFrame, metric: str) -> float:
+    values = group.loc[group["metric"] == metric, "mean"].dropna()
+    return float(values.iloc[0]) if len(values) else math.nan
+
+
+def draw(frontier: pd.DataFrame, out: Path, settings: dict[str, Any]) -> None:
+    """One panel per privacy metric: PMM on x, the strongest attack's value on y, one line per
+    defense through its sweep (in the order of the swept value)."""
+    datasets = list(dict.fromkeys(frontier["dataset"]))
+    fig = Figure(figsize=(5.0 * len(PRIVACY), 4.2 * len(datasets)), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(len(datasets), len(PRIVACY), squeeze=False))
+    bases = list(dict.fromkeys(frontier["base"]))
+    colors = dict(zip(bases, _palette(len(bases)), strict=False))
+    for r, dataset in enumerate(datasets):
+        data = frontier[frontier["dataset"] == dataset]
+        for c, metric in enumerate(PRIVACY):
+            ax = axes[r, c]
+            ax.set_xlabel("PMM (accuracy relative to no defense)")
+            ax.set_ylabel(LABELS[metric])
+            ax.set_title(f"{dataset}: {metric.upper()}")
+            if not np.isfinite(data[metric].to_numpy(dtype=float)).any():
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"{metric.upper()} unavailable in this run",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
+                continue
+            for base, line in data.groupby("base", sort=False):
+                line = line.sort_values("value", key=_sort_key)
+                ax.plot(
+                    line["pmm"],
+                    line[metric],
+                    marker="o",
+                    color=colors[base],
+                    label=line["base_label"].iloc[0],
+                )
+            ax.grid(alpha=0.3)
+        axes[r, 0].legend(fontsize=7, loc="best")
+    scale = settings["scale"]
+    fig.suptitle(
+        "Utility against privacy under the strongest attack"
+        + (" (SCALED-DOWN embedded run)" if scale == "embedded" else "")
+    )
+    FigureCanvasAgg(fig)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, metadata=PNG_METADATA)
+
+
+def _sort_key(values: pd.Series) -> pd.Series:
+    """Order a sweep by its value: numbers numerically, anything else as text."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    return numbers if numbers.notna().all() else values.astype(str)
+
+
+def _palette(n: int) -> list[Any]:
+    import seaborn as sns
+
+    return sns.color_palette("tab20", max(n, 1))

@@ -1,0 +1,212 @@
+"""Issue 9's building blocks: defense sweeps, tables over several models, the frontier, the
+attack success rate, and the settings the papers' own tables vary."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from gradinv.config import (
+    REPO_ROOT,
+    load,
+    sweep_points,
+    sweep_variant,
+    table_models,
+    table_utility_runs,
+    validate,
+)
+from gradinv.metrics import MetricSettings
+from gradinv.settings import ConfigError
+from gradinv.stages.frontier import frontier_points
+from gradinv.stages.score import _success_rate
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load(REPO_ROOT / "params.yaml")
+
+
+def _with(base, **changes):
+    config = copy.deepcopy(base)
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+def test_a_sweep_makes_one_defense_per_value_with_that_setting_and_a_label(base):
+    noise = base["defenses"]["noise-std0.1"]
+    assert noise["std"] == 0.1 and noise["kind"] == "gaussian_noise"
+    assert noise["label"] == "Noise std=0.1"
+    assert base["defenses"]["refiner_e01-element_weightfalse"]["element_weight"] is False
+    assert base["defenses"]["refiner_e01-element_weightfalse"]["epsilon"] == 0.1  # its base's
+    assert sweep_points(base)["precode-size32"] == ("precode", "size", 32)
+    assert sweep_variant("dp_sgd", "noise_multiplier", 1.0) == "dp_sgd-noise_multiplier1"
+
+
+def test_a_table_lists_its_sweeps_variants_after_its_own_defenses(base):
+    fig6 = base["tables"]["refiner_fig6"]["defenses"]
+    assert fig6[0] == "none"
+    assert fig6[1:4] == ["noise-std0.001", "noise-std0.01", "noise-std0.1"]
+    assert base["tables"]["refiner_table5_beta"]["defenses"] == [
+        "refiner_e01-beta0.001",
+        "refiner_e01-beta1",
+        "refiner_e01-beta1000",
+    ]
+
+
+def test_validating_twice_changes_nothing(base):
+    again = validate(copy.deepcopy(base))
+    assert again["defenses"] == base["defenses"]
+    assert again["tables"] == base["tables"]
+
+
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        ({"defense": "nosie", "setting": "std", "values": [1.0]}, "Did you mean 'noise'"),
+        ({"defense": "noise", "setting": "sdt", "values": [1.0]}, "not a setting of defense"),
+    ],
+)
+def test_a_sweep_of_an_unknown_defense_or_setting_is_named(base, sweep, message):
+    config = _with(base, sweeps={**base["sweeps"], "bad": sweep})
+    with pytest.raises(ConfigError, match=message):
+        validate(config)
+
+
+def test_a_table_naming_an_unknown_sweep_is_an_error(base):
+    config = copy.deepcopy(base)
+    config["tables"]["refiner_fig9"]["sweeps"] = ["noise_sdt"]
+    with pytest.raises(ConfigError, match=r"tables\.refiner_fig9\.sweeps: 'noise_sdt'.*noise_std"):
+        validate(config)
+
+
+def test_a_variant_clashing_with_a_defined_block_is_an_error(base):
+    config = copy.deepcopy(base)
+    config["defenses"]["noise-std0.1"] = {**config["defenses"]["noise"], "std": 0.5}
+    with pytest.raises(ConfigError, match=r"'noise-std0\.1' is also defined"):
+        validate(config)
+
+
+def test_a_table_over_several_models_reads_each_models_training_runs(base):
+    assert table_models(base, "cvb_table5") == ["cnn3", "resnet18_gn", "vit"]
+    assert table_models(base, "table1") == ["cnn3"]
+    runs = table_utility_runs(base, "cvb_table5")
+    assert "results/utility/patches/vit/cvb/summary.json" in runs
+    assert "results/utility/patches/resnet18_gn/none/summary.json" in runs
+
+
+def test_an_undefined_model_in_a_list_is_named(base):
+    config = copy.deepcopy(base)
+    config["tables"]["cvb_table5"]["model"] = ["cnn3", "vitt"]
+    with pytest.raises(ConfigError, match=r"tables\.cvb_table5\.model: 'vitt'"):
+        validate(config)
+
+
+def test_the_paper_overlay_sweeps_the_papers_ranges():
+    paper = load(REPO_ROOT / "params.yaml", (REPO_ROOT / "workflow/configs/paper.yaml",))
+    beta = paper["tables"]["refiner_table5_beta"]["defenses"]
+    assert len(beta) == 7 and beta[-1] == "refiner_e01-beta1000"
+    assert table_models(paper, "refiner_fig10") == ["resnet10", "resnet18", "vit"]
+
+
+def _cells(rows):
+    return pd.DataFrame.from_records(
+        [
+            {
+                "dataset": "p",
+                "defense": d,
+                "defense_label": d,
+                "attack": a,
+                "attack_label": a.upper(),
+                "metric": m,
+                "mean": v,
+                "n": 0 if v is None else 2,
+            }
+            for d, a, m, v in rows
+        ]
+    )
+
+
+def test_the_frontier_takes_the_strongest_attack_for_each_metric():
+    cells = _cells(
+        [
+            ("noise-std0.1", "ig", "psnr", 12.0),
+            ("noise-std0.1", "ig_eot", "psnr", 15.0),  # EOT breaks it on PSNR
+            ("noise-std0.1", "ig", "ssim", 0.40),
+            ("noise-std0.1", "ig_eot", "ssim", 0.30),
+            ("noise-std0.1", "ig", "lpips", 0.5),
+            ("noise-std0.1", "ig_eot", "lpips", 0.2),  # lower LPIPS: the attacker's win
+            ("noise-std0.1", "ig", "pmm", 0.9),
+            ("noise-std0.1", "ig_eot", "pmm", 0.9),
+            ("none", "ig", "psnr", 20.0),
+            ("none", "ig", "ssim", None),  # no finished run: no point
+            ("none", "ig", "pmm", 1.0),
+        ]
+    )
+    points = frontier_points(
+        cells, {"noise-std0.1": ["noise", "std", 0.1]}, {"noise": "Noise"}
+    ).set_index("defense")
+    noise = points.loc["noise-std0.1"]
+    assert (noise["psnr"], noise["psnr_attack"]) == (15.0, "IG_EOT")
+    assert (noise["ssim"], noise["ssim_attack"]) == (0.40, "IG")
+    assert (noise["lpips"], noise["lpips_attack"]) == (0.2, "IG_EOT")
+    assert (noise["base"], noise["setting"], noise["value"], noise["pmm"]) == (
+        "noise",
+        "std",
+        0.1,
+        0.9,
+    )
+    assert points.loc["none", "base"] == "none" and math.isnan(points.loc["none", "ssim"])
+
+
+def test_attack_success_is_the_share_of_images_at_the_ssim_threshold():
+    settings = MetricSettings(success_ssim=0.6)
+    assert _success_rate([0.59, 0.6, 0.9, 0.1], settings) == 0.5
+    assert _success_rate([0.2], settings) == 0.0
+    assert _success_rate(None, settings) is None
+
+
+def test_resnet_depth_gives_resnet10_18_and_34():
+    from gradinv.models import build_model
+    from gradinv.protocol import ModelSpec
+
+    sizes = [
+        sum(
+            p.numel()
+            for p in build_model(
+                ModelSpec("resnet18", 10, 3, 32, {"depth": d, "width": 8})
+            ).parameters()
+        )
+        for d in (10, 18, 34)
+    ]
+    assert sizes[0] < sizes[1] < sizes[2]
+
+
+def test_refiner_without_the_element_wise_weight_weighs_by_layer_alone():
+    from gradinv.defenses import build_defense
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    plain = build_defense("refiner", {"element_weight": False, "tau": 0.5}, where="t")
+    weights = plain._weights(model, grads)
+    assert torch.equal(weights["0.weight"], torch.full((3, 4), 0.5))
+    assert torch.equal(weights["2.bias"], torch.full((2,), 0.25))
+    full = build_defense("refiner", {"tau": 0.5}, where="t")._weights(model, grads)
+    assert torch.allclose(full["0.weight"], (grads["0.weight"] * model[0].weight * 0.5).abs())
+
+
+def test_dcs2_count_protects_the_first_samples_and_noise_follows_the_concealment():
+    from gradinv.defenses import build_defense
+
+    one = build_defense("dcs2", {"sensitive": "count", "count": 1}, where="t")
+    assert one.sensitive_indices(torch.tensor([3, 1, 4, 1])) == [0]
+    assert one.shared_batch_size(torch.tensor([3, 1, 4, 1])) == 5
+    noisy = build_defense("dcs2", {"noise_std": 0.1}, where="t")
+    grads = {"w": torch.zeros(1000)}
+    out = noisy._noised(grads, torch.Generator().manual_seed(0))["w"]
+    assert 0.09 < float(out.std()) < 0.11
+    assert one._noised(grads, torch.Generator())["w"] is grads["w"]  # no noise: untouched
