@@ -48,3 +48,23 @@ def test_unknown_model_setting_names_the_key():
 
     with pytest.raises(ConfigError, match=r"models.resnet18.widht: unknown key; did you mean"):
         build_model(ModelSpec("resnet18", 10, 3, 32, {"widht": 8}))
+
+
+def test_the_vit_has_a_second_derivative_for_gradient_matching():
+    """A gradient-matching attack differentiates the model's gradient; the fused CPU attention
+    kernel has no second derivative, so the ViT must run the math kernel."""
+    import torch
+
+    from gradinv.models import build_model
+    from gradinv.protocol import ModelSpec
+
+    model = build_model(
+        ModelSpec(
+            "vit", 10, 3, 32, {"num_layers": 1, "hidden_dim": 16, "num_heads": 2, "mlp_dim": 16}
+        )
+    )
+    x = torch.rand(1, 3, 32, 32, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([1]))
+    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+    (dx,) = torch.autograd.grad(sum((g**2).sum() for g in grads), x)
+    assert torch.isfinite(dx).all() and dx.abs().sum() > 0

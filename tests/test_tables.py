@@ -161,8 +161,14 @@ def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
     records[0] |= {"status": "failed", "failure": "non-finite attack loss"}
     why = "training failed: non-finite training loss at round 3"
     training = {
-        "pmm": {("patches", "none"): (1.0, ""), ("patches", "noise"): (None, why)},
-        "accuracy": {("patches", "none"): (50.0, ""), ("patches", "noise"): (None, why)},
+        "pmm": {
+            ("patches", "resnet18", "none"): (1.0, ""),
+            ("patches", "resnet18", "noise"): (None, why),
+        },
+        "accuracy": {
+            ("patches", "resnet18", "none"): (50.0, ""),
+            ("patches", "resnet18", "noise"): (None, why),
+        },
     }
     render_table(
         "t",

@@ -227,18 +227,15 @@ def expand_sweeps(config: dict[str, Any], source: str) -> None:
             close = difflib.get_close_matches(str(base), defenses, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{source}: sweeps.{name}.defense: {base!r} is not defined.{hint}")
-        if setting not in defenses[base] or setting in ("kind", "label"):
-            raise ConfigError(
-                f"{source}: sweeps.{name}.setting: {setting!r} is not a setting of defense "
-                f"{base!r} (its settings: {', '.join(k for k in defenses[base] if k != 'kind')})."
-            )
+        if not isinstance(defenses[base], dict) or setting not in defenses[base]:
+            continue  # named by _check_references, after the schema has named any typo in base
         for value in sweep["values"]:
             key = sweep_variant(base, setting, value)
             block = merge(
                 defenses[base],
                 {
                     setting: value,
-                    "label": f"{defenses[base]['label']} {setting}={_value_text(value)}",
+                    "label": f"{defenses[base].get('label', base)} {setting}={_value_text(value)}",
                 },
             )
             if key in defenses and defenses[key] != block:
@@ -287,6 +284,14 @@ def table_victims(config: dict[str, Any], table: str) -> int:
 
 def _check_references(config: dict[str, Any], source: str) -> None:
     """Names used in ``tables`` must be defined in their sections."""
+    for name, sweep in config.get("sweeps", {}).items():
+        block, setting = config["defenses"][sweep["defense"]], sweep["setting"]
+        if setting not in block or setting in ("kind", "label"):
+            settings = ", ".join(k for k in block if k not in ("kind", "label"))
+            raise ConfigError(
+                f"{source}: sweeps.{name}.setting: {setting!r} is not a setting of defense "
+                f"{sweep['defense']!r} (its settings: {settings})."
+            )
     for table, spec in config["tables"].items():
         if not spec["defenses"]:
             raise ConfigError(

@@ -36,6 +36,8 @@ rule score:
         "../../environment.yml"
     log:
         f"results/logs/score/{RUN}/{{attack}}/victim{{victim}}.log",
+    benchmark:
+        f"results/benchmarks/score/{RUN}/{{attack}}/victim{{victim}}.tsv"
     shell:
         "gradinv score --settings {params.settings:q} --reconstruction {input.reconstruction} "
         "--victim-file {input.victim} --capture {input.capture} --out {output} "

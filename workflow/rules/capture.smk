@@ -15,6 +15,8 @@ rule capture:
         "../../environment.yml"
     log:
         f"results/logs/capture/{RUN}/victim{{victim}}.log",
+    benchmark:
+        f"results/benchmarks/capture/{RUN}/victim{{victim}}.tsv"
     shell:
         "gradinv capture --settings {params.settings:q} --checkpoint {input.checkpoint} "
         "--victim-file {input.victim} --victim {wildcards.victim} --out {output} "
@@ -30,3 +32,5 @@ use rule capture as capture_malicious with:
         attack="|".join(malicious_attacks(config)) or "(?!)",
     log:
         f"results/logs/capture/{RUN}/{{attack}}/victim{{victim}}.log",
+    benchmark:
+        f"results/benchmarks/capture/{RUN}/{{attack}}/victim{{victim}}.tsv"

@@ -19,6 +19,8 @@ if "client_time" in config:
             "../../environment.yml"
         log:
             "results/logs/client_time/{dataset}/{model}/{defense}.log",
+        benchmark:
+            "results/benchmarks/client_time/{dataset}/{model}/{defense}.tsv"
         shell:
             "gradinv client-time --settings {params.settings:q} --prepared-dir data/prepared "
             "--out {output} > {log} 2>&1"

@@ -19,6 +19,8 @@ rule report:
         "../../environment.yml"
     log:
         "results/logs/report/{table}.log",
+    benchmark:
+        "results/benchmarks/report/{table}.tsv"
     shell:
         "gradinv report --settings {params.settings:q} --metrics {input.metrics} "
         "--reconstructions {input.reconstructions} --victims {input.victims} "

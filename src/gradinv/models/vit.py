@@ -42,7 +42,7 @@ class ViT:
             )
         import torchvision  # on use: importing it costs seconds per job
 
-        model = torchvision.models.VisionTransformer(
+        model = _math_attention_vit(torchvision)(
             image_size=image_size,
             patch_size=s.patch_size,
             num_layers=s.num_layers,
@@ -56,3 +56,17 @@ class ViT:
                 in_channels, s.hidden_dim, kernel_size=s.patch_size, stride=s.patch_size
             )
         return model
+
+
+def _math_attention_vit(torchvision):
+    """torchvision's ViT with its attention computed by the plain math kernel: the fused CPU
+    kernel has no second derivative, and a gradient-matching attack differentiates the model's
+    gradient (the parameter names, hence checkpoints, are torchvision's)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    class VisionTransformer(torchvision.models.VisionTransformer):
+        def forward(self, x):
+            with sdpa_kernel(SDPBackend.MATH):
+                return super().forward(x)
+
+    return VisionTransformer

@@ -1,0 +1,285 @@
+"""benchmarks/costs.py: Snakemake's dry run read into (rule, output) jobs; a job several targets
+need counted in each and once in ``all``; a job without a measurement estimated from the median
+of measured jobs of its kind, or reported as unmeasured, never as 0 s; full-scale seconds as
+iterations x the measured seconds of one iteration; a CPU figure never labelled as a GPU's."""
+
+import base64
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradinv.config import load
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("costs", ROOT / "benchmarks" / "costs.py")
+costs = importlib.util.module_from_spec(_spec)
+sys.modules["costs"] = costs  # dataclasses look their module up by name
+_spec.loader.exec_module(costs)
+
+BLOCK = """[Tue Nov 24 10:17:42 2026]
+rule {rule}:
+{fields}    jobid: {jobid}
+    reason: Forced execution
+    resources: tmpdir=/tmp
+"""
+
+
+def dry_run_text(jobs):
+    """What ``snakemake -n`` prints for ``jobs``: (jobid, rule, {field: value})."""
+    counts = {}
+    for _, rule, _ in jobs:
+        counts[rule] = counts.get(rule, 0) + 1
+    stats = "Job stats:\njob      count\n-----  -------\n"
+    stats += "".join(f"{r}  {n}\n" for r, n in counts.items()) + f"total  {len(jobs)}\n\n"
+    blocks = "".join(
+        BLOCK.format(
+            rule=rule, jobid=jobid, fields="".join(f"    {k}: {v}\n" for k, v in fields.items())
+        )
+        for jobid, rule, fields in jobs
+    )
+    return "Building DAG of jobs...\n" + stats + blocks + stats + "This was a dry-run (flag -n)."
+
+
+# prepare feeds two trainings; table a needs training x, table b both; claims reads both tables
+SHARED = [
+    (3, "prepare", {"output": "data/p.pt", "wildcards": "dataset=patches"}),
+    (
+        4,
+        "train",
+        {
+            "input": "data/p.pt",
+            "output": "ck/x.pt",
+            "benchmark": "results/benchmarks/train/x.tsv",
+            "wildcards": "dataset=patches, model=cnn3, defense=x",
+        },
+    ),
+    (
+        5,
+        "train",
+        {
+            "input": "data/p.pt",
+            "output": "ck/y.pt",
+            "benchmark": "results/benchmarks/train/y.tsv",
+            "wildcards": "dataset=patches, model=cnn3, defense=y",
+        },
+    ),
+    (1, "report", {"input": "ck/x.pt", "output": "results/a.csv, results/a.md"}),
+    (2, "report", {"input": "ck/x.pt, ck/y.pt", "output": "results/b.csv"}),
+    (6, "claims", {"input": "results/a.csv, results/b.csv", "output": "results/claims.md"}),
+    (0, "all", {"input": "results/a.csv, results/b.csv, results/claims.md"}),
+]
+
+
+def write_tsv(root, path, seconds):
+    path = root / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:10\t100.0\n")
+
+
+@pytest.fixture(scope="module")
+def utility_dry_run():
+    """A real dry run of a small target, with the tests' micro overlay."""
+    text = costs.dry_run(["tests/configs/micro.yaml"], target="results/utility.csv")
+    return text, load(ROOT / "params.yaml", (ROOT / "tests/configs/micro.yaml",))
+
+
+@pytest.fixture(scope="module")
+def paper_config():
+    return load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",))
+
+
+def test_a_real_dry_run_is_read_into_rules_outputs_and_wildcards(utility_dry_run):
+    text, config = utility_dry_run
+    dag = costs.Dag(costs.parse_dry_run(text))
+    report = dag.producer["results/utility.csv"]
+    assert report.rule == "report_utility"
+    assert dag.root() is report and dag.targets() == ["results/utility.csv"]
+    trains = [j for j in dag.jobs if j.rule == "train_utility"]
+    study = config["utility"]
+    assert sorted(j.w["defense"] for j in trains) == sorted(study["defenses"])
+    for job in trains:
+        assert job.w["model"] == study["model"] and job.w["dataset"] == study["dataset"]
+        assert job.output == (
+            f"results/utility/{study['dataset']}/{study['model']}/{job.w['defense']}/final.pt",
+            f"results/utility/{study['dataset']}/{study['model']}/{job.w['defense']}/summary.json",
+        )
+        assert job.benchmark.startswith("results/benchmarks/utility/")
+        assert dag.producer[f"data/prepared/{study['dataset']}.pt"].jobid in dag.needs(
+            job.output[1]
+        )
+    assert set(report.input) == {j.output[1] for j in trains}
+    assert dag.needs("results/utility.csv") == {j.jobid for j in dag.jobs}
+
+
+def test_a_dry_run_that_loses_a_job_is_refused(utility_dry_run):
+    text, _ = utility_dry_run
+    block = text.index("rule train_utility:")
+    broken = text[:block] + text[block:].replace("rule train_utility:", "rule:", 1)
+    with pytest.raises(ValueError, match="Job stats"):
+        costs.parse_dry_run(broken)
+
+
+def test_a_shared_job_counts_in_every_target_and_once_in_all(tmp_path):
+    dag = costs.Dag(costs.parse_dry_run(dry_run_text(SHARED)))
+    assert dag.targets() == ["results/a.csv", "results/b.csv", "results/claims.md"]
+    write_tsv(tmp_path, "results/benchmarks/train/x.tsv", 100)
+    write_tsv(tmp_path, "results/benchmarks/train/y.tsv", 10)
+    jobs = costs.target_jobs(dag)
+    rules = {t: sorted(j.jobid for j in jobs[t][0]) for t in jobs}
+    own = {t: sorted(j.jobid for j in jobs[t][1]) for t in jobs}
+    assert rules == {
+        "results/a.csv": [1, 3, 4],
+        "results/b.csv": [2, 3, 4, 5],
+        "results/claims.md": [1, 2, 3, 4, 5, 6],
+        "all": [1, 2, 3, 4, 5, 6],  # `all` itself runs nothing
+    }
+    # x is b's too; claims.md, built on both tables, takes nothing from them
+    assert own == {
+        "results/a.csv": [1],
+        "results/b.csv": [2, 5],
+        "results/claims.md": [6],
+        "all": [1, 2, 3, 4, 5, 6],
+    }
+    rows = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path))
+    assert rows["results/a.csv"]["default_measured_seconds"] == 100
+    assert rows["results/b.csv"]["default_measured_seconds"] == 110
+    assert rows["all"]["default_measured_seconds"] == 110  # x once, not once per table
+    assert rows["results/b.csv"]["exclusive_seconds"] == 10
+
+
+def attack_job(jobid, attack, victim, defense="none", model="cnn3"):
+    run = f"patches/{model}/{defense}/r0_b1/{attack}/victim{victim}"
+    return costs.Job(
+        jobid=jobid,
+        rule="attack",
+        output=(f"results/attacks/{run}.pt",),
+        benchmark=f"results/benchmarks/attack/{run}.tsv",
+        wildcards=(
+            ("dataset", "patches"),
+            ("model", model),
+            ("defense", defense),
+            ("round", "0"),
+            ("bs", "1"),
+            ("attack", attack),
+            ("victim", str(victim)),
+        ),
+    )
+
+
+def test_an_unmeasured_job_takes_the_median_of_its_kind_or_stays_unmeasured(tmp_path):
+    jobs = [
+        attack_job(1, "ig", 0),
+        attack_job(2, "ig", 1),
+        attack_job(3, "ig", 2),  # the same work on another victim
+        attack_job(4, "ig", 0, defense="noise"),  # the same attack, another defense
+        attack_job(5, "ig", 0, model="resnet18"),  # another model: no stand-in
+        attack_job(6, "gi", 0),  # an attack never measured
+    ]
+    write_tsv(tmp_path, jobs[0].benchmark, 10)
+    write_tsv(tmp_path, jobs[1].benchmark, 30)
+    got = costs.default_costs(jobs, tmp_path)
+    assert got[1] == costs.Cost(10, "measured", "benchmark file")
+    assert got[2].seconds == 30 and got[2].kind == "measured"
+    assert got[3].seconds == 20 and got[3].kind == "estimated"
+    assert got[3].how == "median of 2 measured attack job(s) with the same settings"
+    assert got[4].seconds == 20 and "the same attack" in got[4].how
+    for jobid in (5, 6):
+        assert got[jobid].seconds is None and got[jobid].kind is None
+
+
+def test_a_rule_without_any_measurement_is_unmeasured_not_zero(tmp_path):
+    dag = costs.Dag(costs.parse_dry_run(dry_run_text(SHARED)))
+    write_tsv(tmp_path, "results/benchmarks/train/x.tsv", 50)
+    rows = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path))
+    a = rows["results/a.csv"]  # report and prepare have no benchmark and no record here
+    assert (a["measured_jobs"], a["estimated_jobs"], a["unmeasured_jobs"]) == (1, 0, 2)
+    assert a["unmeasured_rules"] == "prepare 1, report 1"
+    cell = costs.default_cell(a)
+    assert cell == "≥ 50 s (1 measured); 2 unmeasured: prepare 1, report 1"
+    assert a["default_seconds"] == 50  # the two unmeasured jobs add nothing, and say so
+    nothing = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path / "empty"))
+    row = nothing["results/a.csv"]
+    assert row["default_seconds"] is None
+    assert costs.default_cell(row).startswith("unmeasured (3 jobs")
+    assert "0 s" not in costs.default_cell(row)
+
+
+def test_snakemake_records_time_a_job_only_when_its_output_is_that_runs(tmp_path):
+    job = costs.Job(jobid=1, rule="prepare_data", output=("data/prepared/patches.pt",))
+    out = tmp_path / job.output[0]
+    out.parent.mkdir(parents=True)
+    metadata = tmp_path / ".snakemake" / "metadata"
+    metadata.mkdir(parents=True)
+    name = base64.urlsafe_b64encode(job.output[0].encode()).decode()
+    record = {"rule": "prepare_data", "incomplete": False, "starttime": 1000.0, "endtime": 1012.5}
+    (metadata / name).write_text(json.dumps(record))
+    assert costs.record_seconds(job, tmp_path) is None  # killed: the output never came
+    out.write_bytes(b"x")
+    os.utime(out, (1012.5, 1012.5))
+    assert costs.record_seconds(job, tmp_path) == pytest.approx(12.5)
+    assert costs.own_measurement(job, tmp_path).how == "Snakemake's record of the run"
+    os.utime(out, (2000.0, 2000.0))  # written since by something else
+    assert costs.record_seconds(job, tmp_path) is None
+
+
+def paper_job(config, rule, attack, dataset):
+    table = config["tables"]["table1"]
+    model = table["model"] if isinstance(table["model"], str) else table["model"][0]
+    wildcards = (
+        ("dataset", dataset),
+        ("model", model),
+        ("defense", "none"),
+        ("round", "0"),
+        ("bs", "1"),
+        ("attack", attack),
+        ("victim", "0"),
+    )
+    return costs.Job(jobid=1, rule=rule, output=("x.pt",), wildcards=wildcards)
+
+
+def test_full_scale_seconds_are_iterations_times_the_measured_iteration(paper_config):
+    job = paper_job(paper_config, "attack", "ig", "imagenet")
+    plan = costs.job_plan(paper_config, job)
+    ig = paper_config["attacks"]["ig"]
+    ((count, key),) = plan.terms
+    assert count == ig["iterations"] * ig["restarts"]
+    unit = json.loads(key)
+    assert (unit["kind"], unit["shape"], unit["batch"]) == ("attack_iteration", [3, 64, 64], 1)
+    assert costs.plan_seconds(plan, {}) == (
+        None,
+        f"no per-iteration measurement of {key} (run --measure-iterations)",
+    )
+    assert costs.plan_seconds(plan, {key: {"seconds": 0.01}})[0] == pytest.approx(count * 0.01)
+
+    gifd = costs.job_plan(paper_config, paper_job(paper_config, "attack", "gifd", "imagenet"))
+    (n_gen, gen), (n_step, step) = gifd.terms
+    assert gifd.per_block == gen  # stages 0: one stage per block of the generator
+    settings = paper_config["attacks"]["gifd"]
+    steps = settings["restarts"] * settings["iterations"]
+    assert n_gen == n_step == steps  # batch 1: one generator pass and one attack iteration each
+    assert json.loads(gen)["kind"] == "generator_forward_backward"
+    units = {gen: {"seconds": 2.0, "num_blocks": 13}, step: {"seconds": 0.5}}
+    assert costs.plan_seconds(gifd, units)[0] == pytest.approx(13 * steps * (2.0 + 0.5))
+    score = costs.job_plan(paper_config, paper_job(paper_config, "score", "ig", "imagenet"))
+    assert costs.plan_seconds(score, units) == (None, "score: no per-iteration model")
+
+
+def test_a_cpu_measurement_is_never_labelled_a_gpu_figure():
+    cpu = {"device": "cpu", "device_name": "Some CPU", "threads": 2}
+    label = costs.device_label(cpu)
+    assert label.startswith("CPU") and "upper bound" in label and "GPU (" not in label
+    row = {"target": "all", "jobs": 1, "exclusive_jobs": 1, "unmeasured_jobs": 1,
+           "unmeasured_rules": "report 1", "default_seconds": None, "full_jobs": 1,
+           "full_unestimated_jobs": 0, "full_seconds": 10.0, "full_estimated_jobs": 1,
+           "full_leaves_out": ""}  # fmt: skip
+    meta = {"default_config": "params.yaml", "paper_config": "paper", "device": label,
+            "iterations_device": "cpu", "written": "now"}  # fmt: skip
+    md = costs.markdown([row], meta)
+    assert "from CPU per-iteration costs (an upper bound for one GPU)" in md
+    assert "full scale, one GPU" not in md
+    gpu = costs.device_label({"device": "cuda", "device_name": "NVIDIA H100"})
+    assert gpu == "GPU (NVIDIA H100)"
