@@ -222,8 +222,9 @@ def test_every_claim_holds_on_the_papers_own_numbers():
     }
     claims = load_claims(REPO_ROOT / "workflow/claims.yaml")
     table = evaluate(claims, {}, "paper", published).set_index("id")
-    checked = table[table["paper_verdict"] != ""]
-    assert len(checked) >= 9
+    # "not evaluated": the published table lacks the cells (CVB's DP rows lost their settings)
+    checked = table[table["paper_verdict"].isin(["holds", "fails"])]
+    assert len(checked) >= 20
     assert (checked["paper_verdict"] == "holds").all(), checked["paper_verdict"].to_dict()
 
 
