@@ -1,10 +1,11 @@
-"""benchmarks/costs.py: Snakemake's dry run read into (rule, output) jobs; a job several targets
-need counted in each and once in ``all``; a job without a measurement estimated from the median
-of measured jobs of its kind, or reported as unmeasured, never as 0 s; full-scale seconds as
-iterations x the measured seconds of one iteration; a CPU figure never labelled as a GPU's."""
+"""benchmarks/costs.py and the modules beside it (jobs.py, default_scale.py, full_scale.py):
+Snakemake's dry run read into (rule, output) jobs; a job several targets need counted in each and
+once in ``all``; a job without a measurement estimated from the median of measured jobs of its
+kind, or reported as unmeasured, never as 0 s; full-scale seconds as iterations x the measured
+seconds of one iteration; a CPU figure never labelled as a GPU's."""
 
 import base64
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -15,10 +16,10 @@ import pytest
 from gradinv.config import load
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("costs", ROOT / "benchmarks" / "costs.py")
-costs = importlib.util.module_from_spec(_spec)
-sys.modules["costs"] = costs  # dataclasses look their module up by name
-_spec.loader.exec_module(costs)
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import the modules beside them by name
+costs, default_scale, full_scale, jobs = (
+    importlib.import_module(name) for name in ("costs", "default_scale", "full_scale", "jobs")
+)
 
 BLOCK = """[Tue Nov 24 10:17:42 2026]
 rule {rule}:
@@ -83,7 +84,7 @@ def write_tsv(root, path, seconds):
 @pytest.fixture(scope="module")
 def utility_dry_run():
     """A real dry run of a small target, with the tests' micro overlay."""
-    text = costs.dry_run(["tests/configs/micro.yaml"], target="results/utility.csv")
+    text = jobs.dry_run(["tests/configs/micro.yaml"], target="results/utility.csv")
     return text, load(ROOT / "params.yaml", (ROOT / "tests/configs/micro.yaml",))
 
 
@@ -94,7 +95,7 @@ def paper_config():
 
 def test_a_real_dry_run_is_read_into_rules_outputs_and_wildcards(utility_dry_run):
     text, config = utility_dry_run
-    dag = costs.Dag(costs.parse_dry_run(text))
+    dag = jobs.Dag(jobs.parse_dry_run(text))
     report = dag.producer["results/utility.csv"]
     assert report.rule == "report_utility"
     assert dag.root() is report and dag.targets() == ["results/utility.csv"]
@@ -120,17 +121,17 @@ def test_a_dry_run_that_loses_a_job_is_refused(utility_dry_run):
     block = text.index("rule train_utility:")
     broken = text[:block] + text[block:].replace("rule train_utility:", "rule:", 1)
     with pytest.raises(ValueError, match="Job stats"):
-        costs.parse_dry_run(broken)
+        jobs.parse_dry_run(broken)
 
 
 def test_a_shared_job_counts_in_every_target_and_once_in_all(tmp_path):
-    dag = costs.Dag(costs.parse_dry_run(dry_run_text(SHARED)))
+    dag = jobs.Dag(jobs.parse_dry_run(dry_run_text(SHARED)))
     assert dag.targets() == ["results/a.csv", "results/b.csv", "results/claims.md"]
     write_tsv(tmp_path, "results/benchmarks/train/x.tsv", 100)
     write_tsv(tmp_path, "results/benchmarks/train/y.tsv", 10)
-    jobs = costs.target_jobs(dag)
-    rules = {t: sorted(j.jobid for j in jobs[t][0]) for t in jobs}
-    own = {t: sorted(j.jobid for j in jobs[t][1]) for t in jobs}
+    per_target = jobs.target_jobs(dag)
+    rules = {t: sorted(j.jobid for j in per_target[t][0]) for t in per_target}
+    own = {t: sorted(j.jobid for j in per_target[t][1]) for t in per_target}
     assert rules == {
         "results/a.csv": [1, 3, 4],
         "results/b.csv": [2, 3, 4, 5],
@@ -144,7 +145,7 @@ def test_a_shared_job_counts_in_every_target_and_once_in_all(tmp_path):
         "results/claims.md": [6],
         "all": [1, 2, 3, 4, 5, 6],
     }
-    rows = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path))
+    rows = costs.default_rows(dag, default_scale.default_costs(dag.jobs, tmp_path))
     assert rows["results/a.csv"]["default_measured_seconds"] == 100
     assert rows["results/b.csv"]["default_measured_seconds"] == 110
     assert rows["all"]["default_measured_seconds"] == 110  # x once, not once per table
@@ -153,7 +154,7 @@ def test_a_shared_job_counts_in_every_target_and_once_in_all(tmp_path):
 
 def attack_job(jobid, attack, victim, defense="none", model="cnn3"):
     run = f"patches/{model}/{defense}/r0_b1/{attack}/victim{victim}"
-    return costs.Job(
+    return jobs.Job(
         jobid=jobid,
         rule="attack",
         output=(f"results/attacks/{run}.pt",),
@@ -171,7 +172,7 @@ def attack_job(jobid, attack, victim, defense="none", model="cnn3"):
 
 
 def test_an_unmeasured_job_takes_the_median_of_its_kind_or_stays_unmeasured(tmp_path):
-    jobs = [
+    attacks = [
         attack_job(1, "ig", 0),
         attack_job(2, "ig", 1),
         attack_job(3, "ig", 2),  # the same work on another victim
@@ -179,10 +180,10 @@ def test_an_unmeasured_job_takes_the_median_of_its_kind_or_stays_unmeasured(tmp_
         attack_job(5, "ig", 0, model="resnet18"),  # another model: no stand-in
         attack_job(6, "gi", 0),  # an attack never measured
     ]
-    write_tsv(tmp_path, jobs[0].benchmark, 10)
-    write_tsv(tmp_path, jobs[1].benchmark, 30)
-    got = costs.default_costs(jobs, tmp_path)
-    assert got[1] == costs.Cost(10, "measured", "benchmark file")
+    write_tsv(tmp_path, attacks[0].benchmark, 10)
+    write_tsv(tmp_path, attacks[1].benchmark, 30)
+    got = default_scale.default_costs(attacks, tmp_path)
+    assert got[1] == default_scale.Cost(10, "measured", "benchmark file")
     assert got[2].seconds == 30 and got[2].kind == "measured"
     assert got[3].seconds == 20 and got[3].kind == "estimated"
     assert got[3].how == "median of 2 measured attack job(s) with the same settings"
@@ -192,16 +193,16 @@ def test_an_unmeasured_job_takes_the_median_of_its_kind_or_stays_unmeasured(tmp_
 
 
 def test_a_rule_without_any_measurement_is_unmeasured_not_zero(tmp_path):
-    dag = costs.Dag(costs.parse_dry_run(dry_run_text(SHARED)))
+    dag = jobs.Dag(jobs.parse_dry_run(dry_run_text(SHARED)))
     write_tsv(tmp_path, "results/benchmarks/train/x.tsv", 50)
-    rows = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path))
+    rows = costs.default_rows(dag, default_scale.default_costs(dag.jobs, tmp_path))
     a = rows["results/a.csv"]  # report and prepare have no benchmark and no record here
     assert (a["measured_jobs"], a["estimated_jobs"], a["unmeasured_jobs"]) == (1, 0, 2)
     assert a["unmeasured_rules"] == "prepare 1, report 1"
     cell = costs.default_cell(a)
     assert cell == "≥ 50 s (1 measured); 2 unmeasured: prepare 1, report 1"
     assert a["default_seconds"] == 50  # the two unmeasured jobs add nothing, and say so
-    nothing = costs.default_rows(dag, costs.default_costs(dag.jobs, tmp_path / "empty"))
+    nothing = costs.default_rows(dag, default_scale.default_costs(dag.jobs, tmp_path / "empty"))
     row = nothing["results/a.csv"]
     assert row["default_seconds"] is None
     assert costs.default_cell(row).startswith("unmeasured (3 jobs")
@@ -209,7 +210,7 @@ def test_a_rule_without_any_measurement_is_unmeasured_not_zero(tmp_path):
 
 
 def test_snakemake_records_time_a_job_only_when_its_output_is_that_runs(tmp_path):
-    job = costs.Job(jobid=1, rule="prepare_data", output=("data/prepared/patches.pt",))
+    job = jobs.Job(jobid=1, rule="prepare_data", output=("data/prepared/patches.pt",))
     out = tmp_path / job.output[0]
     out.parent.mkdir(parents=True)
     metadata = tmp_path / ".snakemake" / "metadata"
@@ -217,13 +218,13 @@ def test_snakemake_records_time_a_job_only_when_its_output_is_that_runs(tmp_path
     name = base64.urlsafe_b64encode(job.output[0].encode()).decode()
     record = {"rule": "prepare_data", "incomplete": False, "starttime": 1000.0, "endtime": 1012.5}
     (metadata / name).write_text(json.dumps(record))
-    assert costs.record_seconds(job, tmp_path) is None  # killed: the output never came
+    assert default_scale.record_seconds(job, tmp_path) is None  # killed: the output never came
     out.write_bytes(b"x")
     os.utime(out, (1012.5, 1012.5))
-    assert costs.record_seconds(job, tmp_path) == pytest.approx(12.5)
-    assert costs.own_measurement(job, tmp_path).how == "Snakemake's record of the run"
+    assert default_scale.record_seconds(job, tmp_path) == pytest.approx(12.5)
+    assert default_scale.own_measurement(job, tmp_path).how == "Snakemake's record of the run"
     os.utime(out, (2000.0, 2000.0))  # written since by something else
-    assert costs.record_seconds(job, tmp_path) is None
+    assert default_scale.record_seconds(job, tmp_path) is None
 
 
 def paper_job(config, rule, attack, dataset):
@@ -238,24 +239,24 @@ def paper_job(config, rule, attack, dataset):
         ("attack", attack),
         ("victim", "0"),
     )
-    return costs.Job(jobid=1, rule=rule, output=("x.pt",), wildcards=wildcards)
+    return jobs.Job(jobid=1, rule=rule, output=("x.pt",), wildcards=wildcards)
 
 
 def test_full_scale_seconds_are_iterations_times_the_measured_iteration(paper_config):
     job = paper_job(paper_config, "attack", "ig", "imagenet")
-    plan = costs.job_plan(paper_config, job)
+    plan = full_scale.job_plan(paper_config, job)
     ig = paper_config["attacks"]["ig"]
     ((count, key),) = plan.terms
     assert count == ig["iterations"] * ig["restarts"]
     unit = json.loads(key)
     assert (unit["kind"], unit["shape"], unit["batch"]) == ("attack_iteration", [3, 64, 64], 1)
-    assert costs.plan_seconds(plan, {}) == (
+    assert full_scale.plan_seconds(plan, {}) == (
         None,
         f"no per-iteration measurement of {key} (run --measure-iterations)",
     )
-    assert costs.plan_seconds(plan, {key: {"seconds": 0.01}})[0] == pytest.approx(count * 0.01)
+    assert full_scale.plan_seconds(plan, {key: {"seconds": 0.01}})[0] == pytest.approx(count * 0.01)
 
-    gifd = costs.job_plan(paper_config, paper_job(paper_config, "attack", "gifd", "imagenet"))
+    gifd = full_scale.job_plan(paper_config, paper_job(paper_config, "attack", "gifd", "imagenet"))
     (n_gen, gen), (n_step, step) = gifd.terms
     assert gifd.per_block == gen  # stages 0: one stage per block of the generator
     settings = paper_config["attacks"]["gifd"]
@@ -263,9 +264,9 @@ def test_full_scale_seconds_are_iterations_times_the_measured_iteration(paper_co
     assert n_gen == n_step == steps  # batch 1: one generator pass and one attack iteration each
     assert json.loads(gen)["kind"] == "generator_forward_backward"
     units = {gen: {"seconds": 2.0, "num_blocks": 13}, step: {"seconds": 0.5}}
-    assert costs.plan_seconds(gifd, units)[0] == pytest.approx(13 * steps * (2.0 + 0.5))
-    score = costs.job_plan(paper_config, paper_job(paper_config, "score", "ig", "imagenet"))
-    assert costs.plan_seconds(score, units) == (None, "score: no per-iteration model")
+    assert full_scale.plan_seconds(gifd, units)[0] == pytest.approx(13 * steps * (2.0 + 0.5))
+    score = full_scale.job_plan(paper_config, paper_job(paper_config, "score", "ig", "imagenet"))
+    assert full_scale.plan_seconds(score, units) == (None, "score: no per-iteration model")
 
 
 def test_a_cpu_measurement_is_never_labelled_a_gpu_figure():

@@ -151,3 +151,50 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
     assert ssim["evaluated"] == 3  # Patches x IG, GI, GIFD
     assert "patches/ig: censor" in ssim["evidence"]
     assert "SCALED-DOWN" in (root / "results/claims.md").read_text()
+
+
+SWEEPS_OVERLAY = """
+tables:
+  cvb_table5: {model: [cnn3, vit], victims: 1}
+  frontier_runs: {sweeps: [noise_std], attacks: [ig, ig_eot], victims: 1,
+                  metrics: [psnr, ssim, pmm]}
+sweeps:
+  noise_std: {values: [0.001, 0.1]}
+client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size: 4, repeats: 2}
+"""
+
+
+@pytest.mark.slow
+def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path):
+    """Issue 9's new kinds of target in one Snakemake run: a sweep's variants (names with a
+    dot) trained, attacked and given their own utility runs; a table over two models; the
+    frontier from the strongest attack per metric; Refiner's Table 4 from timed client updates."""
+    root = workflow_copy(tmp_path)
+    (root / "tests/configs/sweeps.yaml").write_text(SWEEPS_OVERLAY)
+    targets = ("results/frontier.png", "results/cvb_table5.csv", "results/refiner_table4_time.csv")
+    overlays = ("--configfile", TINY, "tests/configs/sweeps.yaml")
+    proc = snakemake(*targets, "--cores", "2", *overlays, cwd=root, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    frontier = pd.read_csv(root / "results/frontier.csv").set_index("defense")
+    assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.1"]
+    assert list(frontier["value"].iloc[1:]) == [0.001, 0.1]
+    assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
+    assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
+    assert (root / "results/frontier.png").stat().st_size > 0
+
+    cells = pd.read_csv(root / "results/cvb_table5_cells.csv")
+    assert set(cells["model"]) == {"cnn3", "vit"}
+    asr = cells[cells["metric"] == "attack_success"]["mean"]
+    assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG
+    accuracy = cells[cells["metric"] == "accuracy"]
+    assert accuracy["mean"].notna().all()  # each model's own utility runs
+    assert len(pd.read_csv(root / "results/cvb_table5.csv")) == 6
+
+    times = pd.read_csv(root / "results/refiner_table4_time.csv").set_index("defense")
+    assert list(times.index) == ["sparsi", "refiner_warm"]
+    assert (times[["lenet", "vit"]] > 0).all().all()
+    # Refiner's warm start: later calls reuse the robust data, the first call has none
+    warm = json.loads((root / "results/client_time/patches/lenet/refiner_warm.json").read_text())
+    assert len(warm["timed_seconds"]) == 2 and warm["first_call_seconds"] > 0
+    assert "(0.1418)" in (root / "results/refiner_table4_time.md").read_text()  # the paper's
