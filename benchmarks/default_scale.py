@@ -35,6 +35,7 @@ METHOD = {
     "train_generator": "generator",
 }
 SHAPE_WILDCARDS = ("dataset", "model", "bs")
+SWEPT = "-"  # a sweep's variant is named <defense>-<setting><value> (gradinv.config.sweep_variant)
 RECORD_TOLERANCE = 0.01  # s: a recorded end and the output's modification time agree to this
 
 
@@ -123,6 +124,10 @@ def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
     groups = [("the same settings", same)]
     if method and similar != same:
         groups.append((f"the same {method}", similar))
+    if method == "defense" and SWEPT in w.get("defense", ""):
+        # a sweep's variant (noise-std0.1): its base defense at another strength
+        base = {**dict(similar[1]), "defense": w["defense"].split(SWEPT)[0]}
+        groups.append(("its sweep's base defense", (job.rule, tuple(sorted(base.items())))))
     return groups
 
 

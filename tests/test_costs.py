@@ -284,3 +284,28 @@ def test_a_cpu_measurement_is_never_labelled_a_gpu_figure():
     assert "full scale, one GPU" not in md
     gpu = costs.device_label({"device": "cuda", "device_name": "NVIDIA H100"})
     assert gpu == "GPU (NVIDIA H100)"
+
+
+def utility_job(jobid, defense, model="cnn3"):
+    run = f"patches/{model}/{defense}"
+    return jobs.Job(
+        jobid=jobid,
+        rule="train_utility",
+        output=(f"results/utility/{run}/summary.json",),
+        benchmark=f"results/benchmarks/utility/{run}.tsv",
+        wildcards=(("dataset", "patches"), ("model", model), ("defense", defense)),
+    )
+
+
+def test_a_sweeps_variant_is_estimated_from_its_base_defense(tmp_path):
+    runs = [
+        utility_job(1, "soteria"),
+        utility_job(2, "soteria-prune0.6"),  # the base at another strength
+        utility_job(3, "soteria-prune0.6", model="lenet"),  # another model: no stand-in
+        utility_job(4, "noise-std0.1"),  # a base never measured
+    ]
+    write_tsv(tmp_path, runs[0].benchmark, 1500)
+    got = default_scale.default_costs(runs, tmp_path)
+    assert got[2].seconds == 1500 and got[2].kind == "estimated"
+    assert "its sweep's base defense" in got[2].how
+    assert got[3].seconds is None and got[4].seconds is None
