@@ -49,7 +49,8 @@ def test_tiny_end_to_end_run(tiny_run):
     shared = load_tensors(capture)
     # What the server sees, and apart what only the client knows (read by the score stage alone).
     assert set(shared) == {"server", "update", "client"}
-    assert set(shared["client"]) == {"update_cosine", "fallback_fired", "sensitive", "defense"}
+    client = {"update_cosine", "fallback_fired", "sensitive", "defense", "client_seconds"}
+    assert set(shared["client"]) == client  # what only the client knows, and its time
     assert shared["update"]["meta"]["labels"] is None
     # Every result records the threat model as it ran and how fast the attack was.
     metrics = json.loads(
