@@ -264,8 +264,12 @@ def expand_sweeps(config: dict[str, Any], source: str) -> None:
 
 def table_models(config: dict[str, Any], table: str) -> list[str]:
     """The models a table attacks: its ``model``, one name or a list (CVB's Table V)."""
-    model = config["tables"][table]["model"]
-    return [model] if isinstance(model, str) else list(model)
+    return models_of(config["tables"][table])
+
+
+def models_of(spec: dict[str, Any]) -> list[str]:
+    """A table block's ``model`` as a list of names."""
+    return [spec["model"]] if isinstance(spec["model"], str) else list(spec["model"])
 
 
 def table_rounds(config: dict[str, Any], table: str) -> list[int]:

@@ -43,6 +43,7 @@ __all__ = [
     "acquire_device",
     "default_lock_dir",
     "explain_failure",
+    "synchronize",
 ]
 
 log = logging.getLogger(__name__)
@@ -314,3 +315,11 @@ def _holders(paths: list[Path]) -> str:
             text = ""
         notes.append(text.split(" since ")[0] if text else f"{path.name}: holder unknown")
     return "; ".join(notes)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the queued GPU work, so that a wall time measures the work, not its launch."""
+    if device.type == "cuda":
+        import torch  # on use: importing it costs seconds
+
+        torch.cuda.synchronize(device)

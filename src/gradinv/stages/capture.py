@@ -24,7 +24,7 @@ from gradinv.fl.client import client_update
 from gradinv.io import load_tensors, save_tensors
 from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate, normalize
-from gradinv.resources import acquire_device
+from gradinv.resources import acquire_device, synchronize
 from gradinv.settings import ConfigError
 from gradinv.stages.common import client_defense, derive_seed, project_path, setup, update_lr
 
@@ -212,12 +212,6 @@ def run(
     save_tensors(
         out, {"server": server.to_dict(), "update": shared.to_dict(), "client": diagnostics}
     )
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the queued GPU work, so that a wall time measures the work, not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def client_diagnostics(

@@ -12,30 +12,24 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-from torch import Tensor
 
-from gradinv.config import method_settings
 from gradinv.data import load_prepared
-from gradinv.data.prepared import public_pool
 from gradinv.fl.client import client_update
 from gradinv.io import atomic_path, read_json, write_json
 from gradinv.models import build_model
 from gradinv.protocol import normalize
-from gradinv.resources import acquire_device
-from gradinv.stages.capture import synchronize
+from gradinv.resources import acquire_device, synchronize
 from gradinv.stages.common import (
-    client_defense,
     derive_seed,
-    model_spec,
     project_path,
     record,
     setup,
+    training_client,
     update_lr,
 )
 from gradinv.tables.render import write_csv
@@ -45,18 +39,7 @@ def measure(settings: dict[str, Any], prepared_dir: Path, out: Path) -> None:
     setup(settings)
     study = settings["client_time"]
     ds = load_prepared(settings["dataset"], prepared_dir)
-    where = f"defenses.{settings['defense_name']}"
-
-    def public(chosen: Any) -> tuple[Tensor, Tensor]:
-        images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
-        return normalize(images, ds.mean, ds.std), labels
-
-    defense = client_defense(settings, ds.mean, ds.std, update_lr(settings["fl"]), public)
-    spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
-    if defense.architectural:
-        extension = {"kind": settings["defense"]["kind"]}
-        extension["settings"] = method_settings(settings["defense"])
-        spec = replace(spec, extension=extension)
+    defense, spec = training_client(settings, ds, update_lr(settings["fl"]))
     fl = settings["fl"]
     protocol = {k: fl[k] for k in ("protocol", "local_steps", "local_lr")}
     seed = derive_seed(

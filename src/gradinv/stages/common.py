@@ -112,3 +112,29 @@ def client_defense(
         normalization=(tuple(mean), tuple(std)),
         evaluation_network=network,
     )
+
+
+def training_client(
+    settings: dict[str, Any], ds: Any, update_lr: float
+) -> tuple[Defense, ModelSpec]:
+    """A training job's client defense, with the prepared dataset's public pool (CENSOR's and
+    DCS²'s public images), and the model the server trains and distributes: the job's model,
+    extended by an architectural defense (PRECODE, CVB)."""
+    from dataclasses import replace
+
+    from gradinv.config import method_settings
+    from gradinv.data.prepared import public_pool
+    from gradinv.protocol import normalize
+
+    where = f"defenses.{settings['defense_name']}"
+
+    def public(chosen: Any) -> tuple[Tensor, Tensor]:
+        images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
+        return normalize(images, ds.mean, ds.std), labels
+
+    defense = client_defense(settings, ds.mean, ds.std, update_lr, public)
+    spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
+    if defense.architectural:
+        block = settings["defense"]
+        spec = replace(spec, extension={"kind": block["kind"], "settings": method_settings(block)})
+    return defense, spec

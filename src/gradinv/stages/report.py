@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
 from gradinv.stages.common import project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
@@ -25,7 +26,7 @@ def run(
     spec = settings["table"]
     name = settings["table_name"]
     rounds, n_victims = settings["rounds"], settings["victims"]
-    models = [spec["model"]] if isinstance(spec["model"], str) else list(spec["model"])
+    models = models_of(spec)
     rows = (
         "dataset",
         *(["model"] if len(models) > 1 else []),

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from gradinv.config import method_settings
 from gradinv.data import load_prepared, read_partition
-from gradinv.data.prepared import public_pool
 from gradinv.fl.official import OfficialLoop, train_official
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
@@ -28,12 +25,11 @@ from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
 from gradinv.resources import acquire_device
 from gradinv.stages.common import (
-    client_defense,
     derive_seed,
-    model_spec,
     project_path,
     record,
     setup,
+    training_client,
     update_lr,
 )
 
@@ -83,18 +79,7 @@ def run(
             f"checkpoint outputs {sorted(checkpoints)} do not match the rounds to save "
             f"{list(rounds)}"
         )
-    kind, where = settings["defense"]["kind"], f"defenses.{settings['defense_name']}"
-
-    def public(chosen: Any) -> tuple[Tensor, Tensor]:  # CENSOR's and DCS²'s public images
-        images, labels = public_pool(ds, chosen.public_class, chosen.public_images, where=where)
-        return normalize(images, ds.mean, ds.std), labels
-
-    defense = client_defense(settings, ds.mean, ds.std, step_lr, public)
-    spec = model_spec(settings["model"], ds.num_classes, ds.image_shape)
-    if defense.architectural:  # the server trains, and distributes, the extended model
-        spec = replace(
-            spec, extension={"kind": kind, "settings": method_settings(settings["defense"])}
-        )
+    defense, spec = training_client(settings, ds, step_lr)
     # Refiner's evaluation network is an input too: a retrained one must not resume this run
     network = settings.get("evaluation_network")
     network_sha = weights_digest(project_path(network)) if network else None
