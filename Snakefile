@@ -71,6 +71,7 @@ onstart:
             on=str(config["tracking"]["enabled"]).lower(),
         )
     )
+    shell("gradinv tracking-flush")  # what an interrupted workflow left pending
 
 
 rule all:
@@ -87,10 +88,12 @@ rule all:
 
 
 onsuccess:
+    shell("gradinv tracking-flush")  # the jobs' deferred MLflow runs (tracking.defer)
     pipeline.release_lock()
     pipeline.report_tracking_failures()
 
 
 onerror:
+    shell("gradinv tracking-flush")
     pipeline.release_lock()
     pipeline.report_tracking_failures()

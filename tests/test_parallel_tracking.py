@@ -6,6 +6,7 @@ test_tracking.py.)"""
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,7 @@ def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
     assert kinds.count("train") == jobs["train"] == 2
     assert kinds.count("attack") == jobs["score"] == 4
     assert len({key for _, key in runs}) == len(runs)  # exactly once per job
+    assert not list((root / "mlflow.db.pending").glob("*"))  # deferred, then all flushed
     assert not (root / "results/logs/tracking-failures.log").exists()
     assert "could not be logged" not in proc.stderr
 
@@ -62,3 +64,42 @@ def test_a_tracking_failure_is_reported_and_the_job_still_succeeds(tmp_path, mon
 
     report_tracking_failures()  # what the Snakefile prints when the workflow ends
     assert "1 job(s) finished but could not be logged to MLflow" in capsys.readouterr().err
+
+
+def test_a_deferred_run_reaches_mlflow_at_the_flush_and_a_failed_flush_is_reported(
+    tmp_path, monkeypatch, capsys
+):
+    from gradinv.stages import tracking as stage_tracking
+
+    monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.setenv(stage_tracking.ENV_DEFER, "true")
+    db = tmp_path / "mlflow.db"
+    pending = stage_tracking.log_job(
+        {"scale": "embedded", "seed": 0},
+        kind="train",
+        run_name="r",
+        job_key="train/x",
+        params={},
+        metrics={"m": 1.0},
+        summary={},
+    )
+    assert pending is not None and not db.exists()  # saved beside the store, not logged
+
+    from gradinv import tracking
+
+    def refuse(*args, **kwargs):
+        raise OSError("store refused")
+
+    write_run = tracking._write_run
+    monkeypatch.setattr(tracking, "_write_run", refuse)  # the flush fails ...
+    assert stage_tracking.flush() == 0
+    lines = (tmp_path / "results/logs/tracking-failures.log").read_text().splitlines()
+    assert [json.loads(line)["job"] for line in lines] == ["train/x"]  # ... and says which run
+    assert "was not logged" in capsys.readouterr().err
+    assert Path(pending).exists()  # still pending
+
+    monkeypatch.setattr(tracking, "_write_run", write_run)
+    assert stage_tracking.flush() == 1
+    with sqlite3.connect(db) as con:
+        keys = con.execute("select value from tags where key = 'gradinv.job_key'").fetchall()
+    assert keys == [("train/x",)] and not Path(pending).exists()

@@ -271,3 +271,102 @@ def test_locked_database_is_retried(store: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ValueError):  # a real error is not retried
         tracking._with_store(tracking.tracking_uri(store), lambda c: calls.append(1) or int("x"))
     assert len(calls) == 4
+
+
+def _run_view(root: Path, key: str) -> dict:
+    """What a run shows in MLflow, less what differs between any two runs (ids, times, key)."""
+    client = _client(root)
+    (run,) = [r for r in _active_runs(root) if r.data.tags[JOB_KEY_TAG] == key]
+    history = {
+        name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+        for name in run.data.metrics
+    }
+    artifacts = sorted(
+        a.path
+        for folder in ("images", "tables")
+        for a in client.list_artifacts(run.info.run_id, folder)
+    )
+    tags = {
+        k: v for k, v in run.data.tags.items() if k != JOB_KEY_TAG and not k.startswith("mlflow.")
+    }
+    return {
+        "status": run.info.status,
+        "params": run.data.params,
+        "metrics": run.data.metrics,
+        "history": history,
+        "tags": tags,
+        "artifacts": artifacts,
+    }
+
+
+def test_a_deferred_run_is_pending_until_flushed_and_then_the_same_run(store: Path):
+    import torch
+
+    table = store / "metrics.json"
+    table.write_text('{"psnr": 20.5}')
+    rng = np.random.default_rng(0)
+    run = {
+        "params": {"attack": {"name": "ig", "steps": (1, 2)}, "long": "x" * 9000},
+        "metrics": {"psnr": 20.5, "lpips": None, "zero": 0.0, "acc": torch.tensor(0.25)},
+        "history": {"loss": [(step, 1.0 / (step + 1)) for step in range(30)] + [(30, 0.0)]},
+        "tags": {"gradinv.rule": "attack"},
+        "artifacts": {"tables": table},
+        "images": {"reconstruction": torch.rand(3, 8, 6), "truth": rng.random((8, 6, 3))},
+    }
+    now = _log(store, "now", **run)
+    pending = _log(store, "later", defer=True, **run)
+    assert now is not None and pending is not None
+    assert Path(pending).parent == tracking.pending_dir(store) == store / "mlflow.db.pending"
+    assert [r.data.tags[JOB_KEY_TAG] for r in _active_runs(store)] == ["now"]  # not yet in MLflow
+
+    assert tracking.flush_pending(store) == (1, [])
+    assert not Path(pending).exists()
+    assert _run_view(store, "later") == _run_view(store, "now")
+    assert tracking.flush_pending(store) == (0, [])  # nothing left
+
+
+def test_a_rerun_before_the_flush_replaces_its_pending_run(store: Path):
+    first = _log(store, "job/a", metrics={"m": 1.0}, defer=True)
+    second = _log(store, "job/a", metrics={"m": 2.0}, defer=True)
+    assert first == second and len(list(tracking.pending_dir(store).iterdir())) == 1
+    assert tracking.flush_pending(store) == (1, [])
+    (run,) = _active_runs(store)
+    assert run.data.metrics["m"] == 2.0
+
+
+def test_a_failed_flush_keeps_the_run_pending_for_the_next(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+):
+    pending = Path(_log(store, "job/a", defer=True))
+    monkeypatch.setattr(tracking, "_write_run", _refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrackingWarning)
+        logged, failed = tracking.flush_pending(store)
+    assert logged == 0 and [f["job"] for f in failed] == ["job/a"]
+    assert "store refused" in failed[0]["reason"] and pending.exists()
+    monkeypatch.undo()
+    assert tracking.flush_pending(store) == (1, [])
+    assert [r.data.tags[JOB_KEY_TAG] for r in _active_runs(store)] == ["job/a"]
+
+
+def _refuse(*args, **kwargs):
+    raise OSError("store refused")
+
+
+def test_an_unreadable_pending_file_is_reported_and_the_rest_logged(store: Path):
+    _log(store, "job/a", defer=True)
+    garbled = tracking.pending_dir(store) / "garbled.json"
+    garbled.write_text('{"experiment": ')
+    logged, failed = tracking.flush_pending(store)
+    assert logged == 1 and failed[0]["job"] == str(garbled)
+    assert "unreadable pending run" in failed[0]["reason"]
+
+
+def test_deferring_with_tracking_off_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("GRADINV_TRACKING", "off")
+    assert _log(tmp_path, "job/off", defer=True) is None
+    assert not tracking.pending_dir(tmp_path).exists()
+    assert tracking.flush_pending(tmp_path) == (0, [])
+    assert not (tmp_path / "mlflow.db").exists()

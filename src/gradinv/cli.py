@@ -199,6 +199,14 @@ def _cmd_tracking_init(a: argparse.Namespace) -> None:
     init_store(project_root(), a.experiment, enabled=a.enabled == "true")
 
 
+def _cmd_tracking_flush(a: argparse.Namespace) -> None:
+    from gradinv.stages.tracking import flush
+
+    logged = flush()
+    if logged:
+        print(f"gradinv: logged {logged} pending run(s) to MLflow", file=sys.stderr)
+
+
 def _cmd_mlflow_ui(a: argparse.Namespace) -> None:
     from gradinv.config import project_root
     from gradinv.tracking import mlflow_ui_command
@@ -352,6 +360,13 @@ def parser() -> argparse.ArgumentParser:
     sp = verb("tracking-init", _cmd_tracking_init, "create the MLflow store", settings=False)
     sp.add_argument("--experiment", required=True)
     sp.add_argument("--enabled", choices=["true", "false"], default="true")
+
+    verb(
+        "tracking-flush",
+        _cmd_tracking_flush,
+        "log the runs that jobs left pending (tracking.defer) to MLflow",
+        settings=False,
+    )
 
     verb("mlflow-ui", _cmd_mlflow_ui, "print the command that browses the runs", settings=False)
     return p

@@ -47,6 +47,7 @@ def export_runtime(config: dict[str, Any]) -> list[str]:
     values = {
         "GRADINV_TRACKING_EXPERIMENT": config["tracking"]["experiment"],
         "GRADINV_TRACKING_ENABLED": str(config["tracking"]["enabled"]).lower(),
+        "GRADINV_TRACKING_DEFER": str(config["tracking"].get("defer", True)).lower(),
         "GRADINV_PROGRESS_EVERY": str(config["progress"]["every_seconds"]),
     }
     os.environ.update(values)

@@ -1,8 +1,14 @@
 """The stages' one call into MLflow: log a finished job, never fail it.
 
+Under Snakemake a job's run is deferred (params.yaml ``tracking.defer``, the default): the job
+saves it to the pending folder and :func:`flush` logs them all when the workflow ends (the
+Snakefile's ``onsuccess``/``onerror``; ``onstart`` logs what an interrupted workflow left). A
+stage called outside Snakemake logs at once.
+
 A run that cannot be logged (store locked past every retry, disk full, MLflow broken) is printed
-in the job's log and appended to ``results/logs/tracking-failures.log``; the Snakefile reports
-the count when the workflow ends. The job itself succeeds: its results are on disk.
+in the job's log (or the workflow's, for a flush) and appended to
+``results/logs/tracking-failures.log``; the Snakefile reports the count when the workflow ends.
+The job itself succeeds: its results are on disk.
 """
 
 from __future__ import annotations
@@ -18,12 +24,19 @@ from gradinv.config import project_root
 
 ENV_EXPERIMENT = "GRADINV_TRACKING_EXPERIMENT"
 ENV_ENABLED = "GRADINV_TRACKING_ENABLED"
+ENV_DEFER = "GRADINV_TRACKING_DEFER"
+_FALSE = ("0", "false", "no", "off")
 
 
 def tracking_target() -> tuple[str, bool]:
     """The MLflow experiment and whether to log, as the Snakefile set them from params.yaml."""
-    enabled = os.environ.get(ENV_ENABLED, "true").lower() not in ("0", "false", "no", "off")
+    enabled = os.environ.get(ENV_ENABLED, "true").lower() not in _FALSE
     return os.environ.get(ENV_EXPERIMENT, "gradinv"), enabled
+
+
+def deferred() -> bool:
+    """Whether jobs leave their run pending (the Snakefile sets it; unset, they log at once)."""
+    return os.environ.get(ENV_DEFER, "false").lower() not in _FALSE
 
 
 def log_job(
@@ -67,6 +80,7 @@ def log_job(
             status="FAILED" if summary.get("status", "ok") == "failed" else "FINISHED",
             project_root=project_root(),
             enabled=enabled,
+            defer=deferred(),
         )
     for w in caught:
         print(f"gradinv: WARNING: {w.message}", file=sys.stderr)
@@ -74,6 +88,22 @@ def log_job(
         reason = "; ".join(str(w.message) for w in caught) or "unknown reason"
         _report_failure(job_key, reason)
     return run_id
+
+
+def flush() -> int:
+    """Log every pending run to MLflow; report the ones that fail; return how many were logged."""
+    from gradinv.tracking import flush_pending
+
+    _, enabled = tracking_target()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logged, failed = flush_pending(project_root(), enabled=enabled)
+    for w in caught:
+        print(f"gradinv: WARNING: {w.message}", file=sys.stderr)
+    for failure in failed:
+        print(f"gradinv: WARNING: {failure['reason']}", file=sys.stderr)
+        _report_failure(failure["job"], failure["reason"])
+    return logged
 
 
 FAILURES = Path("results") / "logs" / "tracking-failures.log"
