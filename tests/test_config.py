@@ -110,6 +110,7 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"models.resnet18.width: 4 is out of range; it must be >= 8",
         ),
         (broken("tracking", delete=True), r"'tracking' is a required property"),
+        (broken("tracking.defer", "later"), r"tracking.defer: 'later' has the wrong type"),
         (
             broken("defenses.noise.label", delete=True),
             r"defenses.noise: 'label' is a required property",
