@@ -525,7 +525,7 @@ class _Run:
     history: dict[str, list[tuple[int, float]]]
     tags: dict[str, str]  # provenance included
     images: dict[str, Any]  # uint8 arrays (H,W[,C])
-    artifacts: dict[str, str]
+    artifacts: dict[str, str]  # absolute: a flush may run elsewhere
     status: str
     errors: list[str] = field(default_factory=list)  # items that could not be read
 
@@ -580,7 +580,7 @@ class _Run:
                 **{str(k): _text(v) for k, v in tags.items()},
             },
             images=pngs,
-            artifacts={str(k): str(v) for k, v in artifacts.items()},
+            artifacts={str(k): str(Path(v).absolute()) for k, v in artifacts.items()},
             status=status,
             errors=errors,
         )
