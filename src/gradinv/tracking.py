@@ -46,7 +46,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -459,9 +458,6 @@ def flush_pending(project_root: Path, *, enabled: bool = True) -> tuple[int, lis
     return logged, failed
 
 
-_UNREADABLE = object()
-
-
 def _log_now(run: _Run, project_root: Path) -> str | None:
     uri = "<unresolved>"
     try:
@@ -479,9 +475,11 @@ def _log_now(run: _Run, project_root: Path) -> str | None:
 
 
 def _defer(run: _Run, project_root: Path) -> str | None:
+    from gradinv.io import write_text  # atomic; torch, which it imports, is loaded in a job
+
     path = pending_dir(project_root) / f"{_digest(run.job_key)}.json"
     try:
-        _write_pending(path, run.to_json())
+        write_text(path, json.dumps(run.to_json(), allow_nan=True))
         return str(path)
     except Exception as exc:
         _warn(
@@ -489,17 +487,6 @@ def _defer(run: _Run, project_root: Path) -> str | None:
             f"{type(exc).__name__}: {exc}"
         )
         return None
-
-
-def _write_pending(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, allow_nan=True)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _digest(text: str) -> str:
@@ -511,6 +498,9 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return math.inf
+
+
+_UNREADABLE = object()  # a metric value that is no number
 
 
 @dataclass
