@@ -96,6 +96,10 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"metrics.lpips_net: 'resnet' is not one of vgg, alex",
         ),
         (
+            broken("metrics.success_ssim", 1.5),
+            r"metrics.success_ssim: 1.5 is out of range; it must be <= 1",
+        ),
+        (
             broken("tables.table1.defenses", ["none", "sotera"]),
             r"tables.table1.defenses: 'sotera' is not defined under defenses. Did you mean 'soteria'",
         ),

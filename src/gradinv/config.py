@@ -91,9 +91,13 @@ def full_schema() -> dict[str, Any]:
         "properties": sources,
         "additionalProperties": False,
     }
+    from gradinv.metrics.base import MetricSettings
     from gradinv.metrics.noise_ratio import EvaluationNetworkSettings
 
     schema["properties"]["evaluation_network"] |= settings_schema(EvaluationNetworkSettings, _NAMED)
+    # metrics: `names` is the static schema's; every other key is a MetricSettings field
+    metrics = schema["properties"]["metrics"]
+    metrics["properties"] = settings_schema(MetricSettings)["properties"] | metrics["properties"]
     for section in ("models", "defenses", "attacks", "generators"):
         reg = regs[section]
         instance = schema["properties"][section]["additionalProperties"]
