@@ -84,6 +84,21 @@ def test_progress_from_other_settings_is_ignored(tmp_path):
     assert Progress(tmp_path / "p", fingerprint="f", every=0).load()["round"] == 2
 
 
+def test_a_finished_job_leaves_no_empty_progress_folders(tmp_path):
+    root = tmp_path / "results" / ".progress"
+    done = Progress(root / "utility" / "cnn3" / "noise" / "summary.json", "f", every=0)
+    running = Progress(root / "utility" / "cnn3" / "censor" / "summary.json", "f", every=0)
+    alone = Progress(root / "attacks" / "lenet" / "victim0.pt", "f", every=0)
+    for progress in (done, running, alone):
+        progress.save({"round": 1})
+    done.finish()
+    alone.finish()
+    assert not (root / "utility" / "cnn3" / "noise").exists()
+    assert running.load() == {"round": 1}  # a folder another job still uses is kept
+    assert not (root / "attacks").exists()
+    assert root.is_dir()  # the root stays
+
+
 def _attack_case():
     spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
     model = build_model(spec, seed=0)

@@ -8,7 +8,7 @@ scheduler state, random-generator states, history) atomically. Run again after a
 the job resumes from that state and produces the same result, bit for bit on CPU, as an
 uninterrupted run with the same seed. The saved state is tagged with a fingerprint of the job's
 settings and inputs; state from other settings or inputs is ignored (and said so in the log).
-The folder is removed when the job finishes.
+The folder, and the folders above it left empty, are removed when the job finishes.
 """
 
 from __future__ import annotations
@@ -85,8 +85,18 @@ class Progress:
         _say(f"resuming from saved progress ({what}) in {self.folder}")
 
     def finish(self) -> None:
-        """The job's outputs are written: its progress is no longer needed."""
+        """The job's outputs are written: its progress is no longer needed, nor the folders
+        above it that held nothing else (up to ``results/.progress`` itself)."""
         shutil.rmtree(self.folder, ignore_errors=True)
+        if ".progress" not in self.folder.parts:
+            return  # a folder of the caller's choosing: its parents are not ours
+        for parent in self.folder.parents:
+            if parent.name == ".progress":
+                break
+            try:
+                parent.rmdir()  # only an empty folder; another job's progress keeps its own
+            except OSError:
+                break
 
 
 def _say(message: str) -> None:
