@@ -199,3 +199,5 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     warm = json.loads((root / "results/client_time/patches/lenet/refiner_warm.json").read_text())
     assert len(warm["timed_seconds"]) == 2 and warm["first_call_seconds"] > 0
     assert "(0.1418)" in (root / "results/refiner_table4_time.md").read_text()  # the paper's
+    vs = pd.read_csv(root / "results/refiner_table4_time_vs_paper.csv")
+    assert len(vs) == 4 and vs["paper"].notna().all()  # the paper reports LeNet and ViT

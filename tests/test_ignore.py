@@ -129,15 +129,18 @@ def precode_case():
 
 
 def test_the_probe_finds_the_registered_bottlenecks_decoders_and_every_later_layer():
+    later = {"2.weight", "2.bias", "4.weight", "4.bias", "7.weight", "7.bias"}
     after = {
         # PRECODE before the classifier (7): its decoder and the classifier
-        "precode": {"7.0.decoder.weight", "7.0.decoder.bias", "7.1.weight", "7.1.bias"},
+        ("precode", ()): {"7.0.decoder.weight", "7.0.decoder.bias", "7.1.weight", "7.1.bias"},
+        # PRECODE after the first convolution block (CVB's Table IV): every later layer too
+        ("precode", (("position", "1"),)): {"1.1.decoder.weight", "1.1.decoder.bias"} | later,
         # CVB after the first convolution block (0, 1): its decoder (no bias) and every later layer
-        "cvb": {"1.1.decoder.weight", "2.weight", "2.bias", "4.weight", "4.bias", "7.weight"}
-        | {"7.bias"},
+        ("cvb", ()): {"1.1.decoder.weight"} | later,
     }
-    for kind, expected in after.items():
-        spec = ModelSpec("cnn3", 10, 3, 16, {}, extension={"kind": kind, "settings": {}})
+    for (kind, settings), expected in after.items():
+        extension = {"kind": kind, "settings": dict(settings)}
+        spec = ModelSpec("cnn3", 10, 3, 16, {}, extension=extension)
         assert stochastic_parameters(build_model(spec, seed=0).eval(), (3, 16, 16)) == expected
 
 

@@ -12,7 +12,8 @@ column's ``censor`` and ``none`` cells of Table I's SSIM, grouped by dataset and
       left: censor
       right: none            # ... or "others": every other value of the column, one at a time
       relation: less         # less | greater | better (each by more than `tolerance`, default
-                             # 0) | within (|left - right| <= tolerance)
+                             # 0) | within (|left - right| <= tolerance) | not_below (left
+                             # >= right - tolerance: "costs at most 1 point of accuracy")
       over: [dataset, attack]
 
 ``better`` reads the direction from the metric's arrow (higher MSE is better for the defender,
@@ -24,9 +25,13 @@ Where the table has published numbers (``workflow/reference/``), the same check 
 them: ``paper_verdict`` says whether the paper's own table bears the claim out as encoded, which
 tests the encoding (a claim the paper's numbers do not support is worded or checked wrongly).
 
-A verdict is ``holds``, ``fails`` or ``not evaluated`` (its table is not in this configuration,
-or no group has both values), always with the numbers behind it and the scale of the run: a
-claim that fails on the scaled-down run is a finding about that run, reported as such.
+A verdict is ``holds``, ``fails`` or ``not evaluated``, always with the numbers behind it and
+the scale of the run: a claim that fails on the scaled-down run is a finding about that run,
+reported as such. A group without both values (a cell with no runs) is never read as agreeing:
+the verdict is ``holds`` or ``fails`` only when it would be the same whichever way those groups
+went, and ``not evaluated`` otherwise, as it is when the table is not built or no group has both
+values. A metric that has no value in any cell of the selection (LPIPS without its pretrained
+weights) is left out of the check, and the note says so.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from gradinv.settings import ConfigError
 from gradinv.tables.aggregate import METRICS
 
 VERDICTS = ("holds", "fails", "not evaluated")
-RELATIONS = ("less", "greater", "better", "within")
+RELATIONS = ("less", "greater", "better", "within", "not_below")
 COLUMNS = (
     "id",
     "paper",
@@ -190,14 +195,18 @@ def evaluate(
     results: Mapping[str, pd.DataFrame],
     scale: str,
     published: Mapping[str, pd.DataFrame] | None = None,
+    missing: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """One line per claim; ``results`` maps a check's table to its frame (absent: not built by
     this configuration); ``scale`` is the run's (embedded or paper), recorded on every line;
-    ``published`` maps a table to the paper's numbers in the same layout (``reference_cells``)."""
+    ``published`` maps a table to the paper's numbers in the same layout (``reference_cells``);
+    ``missing`` maps a table this configuration builds but whose file is absent to the reason."""
     rows = []
     for claim in claims:
         frame = results.get(claim.check.table)
-        if frame is None:
+        if claim.check.table in (missing or {}):
+            row = _row(claim, "not evaluated", reason=missing[claim.check.table])
+        elif frame is None:
             reason = f"{claim.check.table} is not built by this configuration"
             row = _row(claim, "not evaluated", reason=reason)
         else:
@@ -279,14 +288,21 @@ def _key(value: Any) -> str:
 def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     check = claim.check
     keys = {check.compare, *check.over, *check.where, *check.only_where}
-    tidy = _as_text(_tidy(check, frame), keys)
+    tidy = _tidy(check, frame)
+    absent = [c for c in sorted(keys) if c not in tidy.columns]
+    if absent:
+        raise ClaimError(f"{claim.id}: {check.table} has no column(s) {absent}.")
+    tidy = _as_text(tidy, keys)
     for column, values in check.where.items():
         tidy = tidy[tidy[column].isin([_key(v) for v in values])]
+    notes = []
+    if check.metrics and check.table != UTILITY:
+        tidy, notes = _without_metrics_never_computed(check, tidy)
+    if tidy.empty:
+        reason = "; ".join([*notes, "no cell matches the check's metrics and 'where'"])
+        return _row(claim, "not evaluated", reason=reason)
     over = [*check.over, *(["metric"] if tidy["metric"].nunique() > 1 else [])]
-    missing = [c for c in (*over, check.compare) if c not in tidy.columns]
-    if missing:
-        raise ClaimError(f"{claim.id}: {check.table} has no column(s) {missing}.")
-    groups = list(tidy.groupby(over, sort=False)) if over else [((), tidy)]
+    groups = list(tidy.groupby(over, sort=False, dropna=False)) if over else [((), tidy)]
     outcomes = []  # (group key, satisfied or None, text)
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
@@ -294,31 +310,57 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
         outcomes.append((group_key, *_compare(check, _group_name(group_key), group)))
     evaluated = [o for o in outcomes if o[1] is not None]
     satisfied = [o for o in evaluated if o[1]]
-    evidence = "; ".join(text for _, _, text in outcomes)
     fields = dict(
         satisfied=len(satisfied),
         evaluated=len(evaluated),
         groups=len(outcomes),
-        evidence=evidence,
+        evidence="; ".join(text for _, _, text in outcomes),
     )
     if not evaluated:
-        return _row(claim, "not evaluated", reason="no group has both values", **fields)
+        reason = "; ".join([*notes, "no group has both values"])
+        return _row(claim, "not evaluated", reason=reason, **fields)
     skipped = len(outcomes) - len(evaluated)
-    reason = f"{skipped} group(s) without both values" if skipped else ""
+    if skipped:
+        notes.append(f"{skipped} of {len(outcomes)} group(s) without both values")
     if check.only_where:
-        expected = [_matches(g, check.only_where) for g, _, _ in evaluated]
-        wrong = [
-            _group_name(g)
-            for (g, ok, _), want in zip(evaluated, expected, strict=True)
-            if ok != want
-        ]
-        holds = not wrong
+        wrong = [_group_name(g) for g, ok, _ in evaluated if ok != _matches(g, check.only_where)]
         if wrong:
-            reason = "; ".join(filter(None, [reason, "unlike the claim in " + ", ".join(wrong)]))
+            notes.append("unlike the claim in " + ", ".join(wrong))
+        # a group without both values could go either way: it can only make the claim fail
+        verdict = "fails" if wrong else "not evaluated" if skipped else "holds"
     else:
-        need = 1.0 if check.expect == "all" else float(check.expect)
-        holds = len(satisfied) >= math.ceil(need * len(evaluated) - 1e-9)
-    return _row(claim, "holds" if holds else "fails", reason=reason, **fields)
+        need = math.ceil(
+            (1.0 if check.expect == "all" else float(check.expect)) * len(outcomes) - 1e-9
+        )
+        if len(satisfied) >= need:
+            verdict = "holds"
+        elif len(satisfied) + skipped < need:
+            verdict = "fails"
+        else:
+            verdict = "not evaluated"
+    if verdict == "not evaluated":
+        notes.append(
+            f"undecided: the relation holds in {len(satisfied)} of {len(evaluated)} evaluated "
+            "group(s), and the groups without both values decide the verdict"
+        )
+    return _row(claim, verdict, reason="; ".join(notes), **fields)
+
+
+def _without_metrics_never_computed(
+    check: Check, tidy: pd.DataFrame
+) -> tuple[pd.DataFrame, list[str]]:
+    """The selection less the metrics with no value in any of its cells, and a note for each
+    (LPIPS without its weights): the claim is then checked on the other metrics."""
+    notes = []
+    for metric in check.metrics:
+        cells = tidy[tidy["metric"] == metric]
+        if cells.empty:
+            notes.append(f"{metric} is not in {check.table}")
+        elif cells["value"].isna().all():
+            why = sorted({str(n) for n in cells.get("note", pd.Series(dtype=str)).dropna() if n})
+            notes.append(f"{metric} has no value in any cell" + (f" ({why[0]})" if why else ""))
+            tidy = tidy[tidy["metric"] != metric]
+    return tidy, notes
 
 
 def _compare(check: Check, name: str, group: pd.DataFrame) -> tuple[bool | None, str]:
@@ -354,6 +396,8 @@ def _holds(check: Check, metric: str, left: float, right: float) -> bool:
         return left < right - check.tolerance
     if relation == "greater":
         return left > right + check.tolerance
+    if relation == "not_below":
+        return left >= right - check.tolerance
     return abs(left - right) <= check.tolerance
 
 
@@ -394,14 +438,17 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f" of {len(table)} claims.",
         "",
         "`groups`: in how many of the compared groups (dataset, attack, metric, ...) the "
-        "relation held; `on the paper's numbers`: the same check on the published table, where "
-        "there is one (it tests how the claim is encoded).",
+        "relation held, of those with both values (a group without them never counts for a "
+        "claim); `on the paper's numbers`: the same check on the published table, where there "
+        "is one (it tests how the claim is encoded).",
         "",
         "| claim | paper | source | verdict | groups | on the paper's numbers |",
         "|---|---|---|---|---|---|",
     ]
     for r in table.itertuples(index=False):
         groups = f"{r.satisfied}/{r.evaluated}" if r.evaluated else "-"
+        if r.evaluated and r.groups > r.evaluated:
+            groups += f" ({r.groups - r.evaluated} without values)"
         lines.append(
             f"| `{r.id}` | {r.paper} | {r.source} | **{r.verdict}** | {groups} | "
             f"{r.paper_verdict or '-'} |"

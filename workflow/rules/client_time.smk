@@ -36,6 +36,7 @@ if "client_time" in config:
         output:
             csv="results/refiner_table4_time.csv",
             markdown="results/refiner_table4_time.md",
+            vs_paper="results/refiner_table4_time_vs_paper.csv",
         params:
             settings=lambda w: job_settings(config, "client_time_report"),
         conda:

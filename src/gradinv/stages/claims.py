@@ -17,17 +17,19 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
     """Write ``claims.csv`` and ``claims.md``; a claim on a table this run does not build is
     reported as not evaluated, never dropped."""
     claims = load_claims(claims_file)
-    built = set(settings["tables"])
-    results = {
-        table: pd.read_csv(result_file(table, results_dir))
-        for table in {c.check.table for c in claims}
-        if table in built
+    built = {c.check.table for c in claims} & set(settings["tables"])
+    files = {table: result_file(table, results_dir) for table in built}
+    results = {table: pd.read_csv(path) for table, path in files.items() if path.exists()}
+    missing = {
+        table: f"{path} does not exist: build it first (snakemake {path})"
+        for table, path in files.items()
+        if not path.exists()
     }
     published = {
         table: reference_cells(pd.read_csv(project_path(csv)), settings["labels"])
         for table, csv in settings.get("references", {}).items()
     }
-    table = evaluate(claims, results, settings["scale"], published)
+    table = evaluate(claims, results, settings["scale"], published, missing)
     write_csv(table, out_dir / "claims.csv")
     with atomic_path(out_dir / "claims.md") as tmp:
         tmp.write_text(markdown(table, settings["scale"]), encoding="utf-8")

@@ -88,7 +88,10 @@ def measure(settings: dict[str, Any], prepared_dir: Path, out: Path) -> None:
 
 
 def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
-    """``refiner_table4_time.csv``/``.md``: median seconds by defense (rows) and model."""
+    """``refiner_table4_time.csv``/``.md``: median seconds by defense (rows) and model; and
+    ``refiner_table4_time_vs_paper.csv``: ours beside the paper's, in seconds and relative to the
+    study's first defense on the same model (seconds on different hardware do not compare, ratios
+    do)."""
     study = settings["client_time"]
     runs = pd.DataFrame.from_records([read_json(p) for p in files])
     table = runs.pivot(index="defense", columns="model", values="seconds")
@@ -97,7 +100,8 @@ def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
     table = table.reset_index()
     table["scale"] = settings["scale"]
     write_csv(table, out_dir / "refiner_table4_time.csv")
-    published = _published(settings)
+    comparison = _vs_paper(table, study, _published(settings), settings["scale"])
+    write_csv(comparison, out_dir / "refiner_table4_time_vs_paper.csv")
     lines = [f"# {study['title']}", ""]
     if settings["scale"] == "embedded":
         lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
@@ -106,17 +110,21 @@ def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
         f"Median seconds a client spends on one round's defended update (batch of "
         f"{int(runs['batch_size'].iloc[0])} images, {study['repeats']} timed calls after an "
         f"untimed first one), measured on: {devices}. In parentheses: the paper's seconds "
-        "(an A10 GPU, batch 128), where it reports the cell.",
+        "(an A10 GPU, batch 128), where it reports the cell"
+        + _paper_models_note(study)
+        + "; `refiner_table4_time_vs_paper.csv` puts both beside each other, also as ratios "
+        f"to {settings['labels'][study['defenses'][0]]} on the same model.",
         "",
         "| defense | " + " | ".join(study["models"]) + " |",
         "|---|" + "---|" * len(study["models"]),
     ]
+    paper = comparison.set_index(["defense", "model"])["paper"]
     for row in table.to_dict("records"):
         cells = []
         for model in study["models"]:
-            paper = published.get((model, row["defense_label"]))
+            published = paper.get((row["defense"], model))
             ours = "" if pd.isna(row[model]) else f"{row[model]:.4f}"
-            cells.append(ours + (f" ({paper:g})" if paper is not None else ""))
+            cells.append(ours + ("" if pd.isna(published) else f" ({published:g})"))
         lines.append(f"| {row['defense_label']} | " + " | ".join(cells) + " |")
     models = ", ".join(f"{m} {settings['models'][m]}" for m in study["models"])
     lines += [
@@ -127,6 +135,48 @@ def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
     ]
     with atomic_path(out_dir / "refiner_table4_time.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _vs_paper(
+    table: pd.DataFrame,
+    study: dict[str, Any],
+    published: dict[tuple[str, str], float],
+    scale: str,
+) -> pd.DataFrame:
+    """One row per (defense, model): our seconds and the paper's (its column ``paper_model``:
+    ``paper_models`` maps a model of ours to the paper's it stands in for), and each as a ratio to
+    the first defense of the study on the same model."""
+    paper_models = study.get("paper_models") or {}
+    base = table.set_index("defense").loc[study["defenses"][0]]
+    rows = []
+    for rec in table.to_dict("records"):
+        for model in study["models"]:
+            paper_model = paper_models.get(model, model)
+            paper = published.get((paper_model, rec["defense_label"]))
+            paper_base = published.get((paper_model, base["defense_label"]))
+            ours = rec[model]
+            rows.append(
+                {
+                    "defense": rec["defense"],
+                    "defense_label": rec["defense_label"],
+                    "model": model,
+                    "paper_model": paper_model,
+                    "ours": ours,
+                    "paper": paper,
+                    "ours_ratio": ours / base[model],
+                    "paper_ratio": None if paper is None or not paper_base else paper / paper_base,
+                    "ratio_to": base["defense_label"],
+                    "scale": scale,
+                }
+            )
+    return pd.DataFrame.from_records(rows)
+
+
+def _paper_models_note(study: dict[str, Any]) -> str:
+    pairs = (study.get("paper_models") or {}).items()
+    if not pairs:
+        return ""
+    return " (" + ", ".join(f"{ours} against the paper's {paper}" for ours, paper in pairs) + ")"
 
 
 def _published(settings: dict[str, Any]) -> dict[tuple[str, str], float]:
