@@ -17,6 +17,9 @@ rule train_utility:
     params:
         settings=lambda w: job_settings(config, "utility_train", **w),
     threads: config["threads_per_job"]
+    # The longest jobs of `all` (Refiner's runs on the ResNets and the ViT take hours): started
+    # as soon as they can be, so that no core idles at the end while one of them runs alone.
+    priority: 10
     resources:
         gpu=GPU_PER_JOB,
     conda:
