@@ -162,6 +162,15 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"tables.fig9_trials.x_axis: 'trails' is neither 'round' nor a setting of defense",
         ),
         (
+            broken("tables.refiner_fig6.tradeoff", "accuracy"),
+            r"tables.refiner_fig6.tradeoff: 'accuracy' is the figure's x axis but not one of",
+        ),
+        (
+            broken("tables.refiner_fig6.x_axis", "epsilon"),
+            r"tables.refiner_fig6: give x_axis or tradeoff",
+        ),
+        (broken("tables.refiner_fig6.tradeoff", "psnr"), r"tradeoff: 'psnr' is not one of"),
+        (
             broken("tables.table3_eot.victims", 40),
             r"capture: tables.table3_eot attacks 40 victims .* needs 7294 images",
         ),

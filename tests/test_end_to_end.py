@@ -156,9 +156,9 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
 
 SWEEPS_OVERLAY = """
 tables:
-  cvb_table5: {model: [cnn3, vit], victims: 1}
+  cvb_table5: {model: [cnn3, vit], attacks: [ig_ignore], victims: 1}
   frontier_runs: {sweeps: [noise_std], attacks: [ig, ig_eot], victims: 1,
-                  metrics: [psnr, ssim, pmm]}
+                  metrics: [psnr, ssim, pmm], tradeoff: pmm}
 sweeps:
   noise_std: {values: [0.001, 0.1]}
 client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size: 4, repeats: 2}
@@ -183,11 +183,13 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
     assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
     assert (root / "results/frontier.png").stat().st_size > 0
+    # the table behind it drawn as Refiner's figures are: PMM against each metric, per sweep
+    assert (root / "results/figures/frontier_runs.png").stat().st_size > 0
 
     cells = pd.read_csv(root / "results/cvb_table5_cells.csv")
     assert set(cells["model"]) == {"cnn3", "vit"}
     asr = cells[cells["metric"] == "attack_success"]["mean"]
-    assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG
+    assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG (Ignore)
     accuracy = cells[cells["metric"] == "accuracy"]
     assert accuracy["mean"].notna().all()  # each model's own utility runs
     assert len(pd.read_csv(root / "results/cvb_table5.csv")) == 6

@@ -426,3 +426,39 @@ def test_a_swept_table_draws_a_line_per_attack(tmp_path):
     assert list(table["round"]) == [0, 3, 6]
     assert list(table["IG PSNR↓ mean"]) == [20.0, 17.0, 14.0]
     assert Image.open(out["figure"]).size[0] > 0
+
+
+def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path, monkeypatch):
+    """Refiner's Figs. 6, 9, 10: PMM on x, the attack's metric on y, a line per sweep."""
+    from gradinv.tables.figures import tradeoff_points
+    from gradinv.tables.render import Tradeoff
+
+    monkeypatch.setitem(LABELS, "noise-std0.01", "Noise std=0.01")
+    monkeypatch.setitem(LABELS, "noise-std0.1", "Noise std=0.1")
+    defenses = ["none", "noise-std0.01", "noise-std0.1"]
+    psnr = {"none": 30.0, "noise-std0.01": 20.0, "noise-std0.1": 12.0}
+    pmm = {"none": 1.0, "noise-std0.01": 0.9, "noise-std0.1": 0.6}
+    records = [run(d, "ig", v, psnr=psnr[d]) for d in defenses for v in range(2)]
+    training = {"pmm": {("patches", "resnet18", d): (pmm[d], "") for d in defenses}}
+    lines = {"none": ("No Defense", 0), "noise-std0.01": ("Noise", 1), "noise-std0.1": ("Noise", 2)}
+    out = render_table(
+        "fig6",
+        write(tmp_path, records),
+        tmp_path,
+        attacks=["ig"],
+        defenses=defenses,
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        metrics=["psnr", "pmm"],
+        training=training,
+        tradeoff=Tradeoff("pmm", lines),
+    )
+    assert Image.open(out["figure"]).size[0] > 0
+    long = pd.read_csv(out["cells"])
+    points = tradeoff_points(long, x_metric="pmm", lines=lines)
+    assert set(points["metric"]) == {"psnr"}
+    noise = points[points["line"] == "Noise"]
+    assert list(noise["x"]) == [0.9, 0.6] and list(noise["y"]) == [20.0, 12.0]
+    assert points.loc[points["line"] == "No Defense", ["x", "y"]].values.tolist() == [[1.0, 30.0]]

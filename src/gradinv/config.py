@@ -603,7 +603,15 @@ def _check_combinations(config: dict[str, Any], source: str) -> None:
                     f"tables.{table}.rounds: round {rnd} has no checkpoint; add it to "
                     f"fl.checkpoint_rounds ({fl['checkpoint_rounds']})."
                 )
+        tradeoff = spec.get("tradeoff")
+        if tradeoff is not None and tradeoff not in spec.get("metrics", ()):
+            fail(
+                f"tables.{table}.tradeoff: {tradeoff!r} is the figure's x axis but not one of the "
+                f"table's metrics; add it to tables.{table}.metrics."
+            )
         x_axis = spec.get("x_axis")
+        if x_axis is not None and tradeoff is not None:
+            fail(f"tables.{table}: give x_axis or tradeoff (the figure's x axis), not both.")
         if x_axis is not None and x_axis != "round":
             lacking = [d for d in spec["defenses"] if x_axis not in config["defenses"][d]]
             if lacking:
@@ -900,6 +908,11 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "attacks": config["attacks"],
             "defenses": {
                 d: config["defenses"][d] for d in config["tables"][w["table"]]["defenses"]
+            },
+            "sweep_points": {
+                d: point
+                for d, point in sweep_points(config).items()
+                if d in config["tables"][w["table"]]["defenses"]
             },
             "rounds": table_rounds(config, w["table"]),
             "victims": table_victims(config, w["table"]),

@@ -10,7 +10,7 @@ from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
 from gradinv.stages.common import project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
-from gradinv.tables.render import Sweep
+from gradinv.tables.render import Sweep, Tradeoff
 
 
 def run(
@@ -74,6 +74,7 @@ def run(
         rows=rows,
         metrics=spec.get("metrics", DEFAULT_METRICS),
         sweep=sweep,
+        tradeoff=_tradeoff(spec.get("tradeoff"), settings),
         training=_training(spec, summaries, settings),
         models=models,
     )
@@ -109,6 +110,16 @@ def _sweep(x_axis: str | None, defenses: dict[str, Any], rounds: list[int]) -> S
     if x_axis == "round":
         return Sweep("round", {r: float(r) for r in rounds}, "FL round")
     return Sweep("defense", {d: float(cfg[x_axis]) for d, cfg in defenses.items()}, x_axis)
+
+
+def _tradeoff(x: str | None, settings: dict[str, Any]) -> Tradeoff | None:
+    """A line per base defense through its sweep's points, in the table's order of defenses
+    (a table lists a sweep's variants in the order of its values)."""
+    if x is None:
+        return None
+    labels, points = settings["labels"]["defenses"], settings["sweep_points"]
+    lines = {d: (labels[points.get(d, (d,))[0]], i) for i, d in enumerate(settings["defenses"])}
+    return Tradeoff(x, lines)
 
 
 def _grid(

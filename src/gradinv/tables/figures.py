@@ -1,4 +1,5 @@
-"""Figures of a table: bar charts of the cells and a grid of reconstructions (CENSOR Fig. 6).
+"""Figures of a table: bar charts of the cells, lines over a sweep, utility against privacy
+(Refiner's Figs. 6, 9, 10) and a grid of reconstructions (CENSOR Fig. 6).
 
 Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas, never through
 pyplot's global state, and saved without the PNG "Software" stamp, so the same cells give the
@@ -165,6 +166,78 @@ def sweep_figure(
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+        _save(fig, out_path)
+
+
+def tradeoff_points(
+    long: pd.DataFrame,
+    *,
+    x_metric: str,
+    lines: Mapping[str, tuple[str, int]],
+    facets: Sequence[str] = ("dataset",),
+) -> pd.DataFrame:
+    """The points of a utility-privacy figure: one per (facet, metric, attack, defense), with
+    the defense's ``x_metric`` (PMM: one value per defense, the same in every attack's column) as
+    ``x`` and the cell's mean as ``y``; ``lines`` maps each defense to its line (its base
+    defense's label, for a sweep point) and its place along it (the sweep's order)."""
+    keys = [*facets, "defense"]
+    x = (
+        long[long["metric"] == x_metric]
+        .dropna(subset=["mean"])
+        .groupby(keys, sort=False)["mean"]
+        .first()
+        .rename("x")
+    )
+    points = long[long["metric"] != x_metric].join(x, on=keys)
+    points["line"] = points["defense"].map(lambda d: lines[d][0])
+    points["order"] = points["defense"].map(lambda d: lines[d][1])
+    points["facet"] = (
+        points[[f"{c}_label" for c in facets]].astype(str).agg(" / ".join, axis=1) if facets else ""
+    )
+    return points.rename(columns={"mean": "y"}).sort_values(["line", "order"], kind="stable")
+
+
+def tradeoff_figure(
+    long: pd.DataFrame,
+    out_path: str | os.PathLike[str],
+    *,
+    x_metric: str,
+    lines: Mapping[str, tuple[str, int]],
+    facets: Sequence[str] = ("dataset",),
+) -> None:
+    """Utility against privacy, as Refiner's Figs. 6, 9 and 10 draw it: a panel per facet
+    (dataset, model) and per (metric, attack); ``x_metric`` on x, the metric on y, one line per
+    defense through the points of its sweep (a defense without a sweep, no defense, is a point).
+    """
+    points = tradeoff_points(long, x_metric=x_metric, lines=lines, facets=facets)
+    rows = list(dict.fromkeys(points["facet"]))
+    columns = list(dict.fromkeys(zip(points["metric"], points["attack_label"], strict=True)))
+    names = list(dict.fromkeys(points["line"]))
+    colors = dict(zip(names, sns.color_palette("tab10", len(names)), strict=True))
+    x_label = metric_header(x_metric)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(3.4 * len(columns), 2.9 * len(rows) + 0.9))
+        axes = fig.subplots(len(rows), len(columns), squeeze=False)
+        for (i, facet), (j, (metric, attack)) in itertools.product(
+            enumerate(rows), enumerate(columns)
+        ):
+            ax = axes[i][j]
+            panel = points[
+                (points["facet"] == facet)
+                & (points["metric"] == metric)
+                & (points["attack_label"] == attack)
+            ]
+            title = f"{attack}: {metric_header(metric)}"
+            ax.set_title(f"{facet} — {title}" if facet else title)
+            ax.set_xlabel(x_label)
+            if _say_why_empty(ax, panel.rename(columns={"y": "mean"})):
+                continue
+            for name, line in panel.groupby("line", sort=False):
+                line = line.dropna(subset=["x", "y"])
+                ax.plot(line["x"], line["y"], marker="o", color=colors[name], label=name)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(names), 4), frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
         _save(fig, out_path)
 
 

@@ -20,7 +20,7 @@ import pandas as pd
 from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
-from gradinv.tables.figures import sweep_figure, table_figure
+from gradinv.tables.figures import sweep_figure, table_figure, tradeoff_figure
 from gradinv.tables.files import DEFAULT_METRICS, collect, unavailable_column
 from gradinv.tables.markdown import render_markdown
 
@@ -34,6 +34,16 @@ class Sweep:
     column: str
     values: Mapping[Any, float]
     label: str
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """The figure of a utility-privacy table (Refiner's Figs. 6, 9, 10): ``x`` (PMM) against each
+    other metric; ``lines`` maps each defense of the table to its line's label (a sweep point's
+    base defense) and its place along the line."""
+
+    x: str
+    lines: Mapping[str, tuple[str, int]]
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
@@ -87,6 +97,7 @@ def render_table(
     title: str | None = None,
     reproduces: str = "the published table",
     sweep: Sweep | None = None,
+    tradeoff: Tradeoff | None = None,
     training: Mapping[str, Mapping[tuple[str, str, str], tuple[float | None, str]]] | None = None,
     models: Sequence[str] | None = None,
 ) -> dict[str, Path]:
@@ -99,7 +110,8 @@ def render_table(
     the Markdown, followed by the provenance recorded in the files (commits, config hashes).
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
-    figure is a line over the swept value (a round, CENSOR's T) instead of bars. ``training``
+    figure is a line over the swept value (a round, CENSOR's T) instead of bars; with
+    ``tradeoff`` it plots utility against privacy, a line per defense's sweep. ``training``
     gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
     failure reason or ""), from the defenses' FL training runs rather than the metrics files.
     """
@@ -138,7 +150,12 @@ def render_table(
     write_csv(widen(long, rows), paths["csv"])
     write_csv(comparison, paths["vs_paper"])
     write_csv(long, paths["cells"])
-    if sweep is None:
+    if tradeoff is not None:
+        facets = [c for c in rows if c not in ("defense", "round")]
+        tradeoff_figure(
+            long, paths["figure"], x_metric=tradeoff.x, lines=tradeoff.lines, facets=facets
+        )
+    elif sweep is None:
         table_figure(long, paths["figure"], rows=rows)
     else:
         sweep_figure(
