@@ -456,9 +456,28 @@ def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path
         tradeoff=Tradeoff("pmm", lines),
     )
     assert Image.open(out["figure"]).size[0] > 0
+    assert "No published reference was given" in out["markdown"].read_text()
     long = pd.read_csv(out["cells"])
     points = tradeoff_points(long, x_metric="pmm", lines=lines)
     assert set(points["metric"]) == {"psnr"}
     noise = points[points["line"] == "Noise"]
     assert list(noise["x"]) == [0.9, 0.6] and list(noise["y"]) == [20.0, 12.0]
     assert points.loc[points["line"] == "No Defense", ["x", "y"]].values.tolist() == [[1.0, 30.0]]
+
+
+def test_a_table_without_published_numbers_says_why(tmp_path):
+    out = render_table(
+        "fig",
+        write(tmp_path, [run(victim=v) for v in range(2)]),
+        tmp_path,
+        attacks=["ig"],
+        defenses=["none"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        no_reference="the paper's figure prints no numbers",
+    )
+    assert "No published numbers: the paper's figure prints no numbers." in (
+        out["markdown"].read_text()
+    )

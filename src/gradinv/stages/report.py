@@ -69,6 +69,7 @@ def run(
         setting=setting,
         scaled_down_note=note,
         reference_csv=project_path(reference) if reference else None,
+        no_reference=spec.get("no_reference", ""),
         title=spec["title"],
         reproduces=spec["title"].split(":")[0],
         rows=rows,

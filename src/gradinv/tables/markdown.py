@@ -117,6 +117,7 @@ def render_markdown(
     csv_name: str,
     vs_paper_name: str,
     figure_name: str,
+    no_reference: str = "",
 ) -> str:
     """The full Markdown text of a table (see the module docstring for what it must say)."""
     lines = [
@@ -141,7 +142,11 @@ def render_markdown(
     lines += _cell_tables(long, rows)
     lines += ["## Comparison with the paper", ""]
     if reference_name is None:
-        lines.append("No published reference was given for this table.")
+        lines.append(
+            f"No published numbers: {no_reference}."
+            if no_reference
+            else "No published reference was given for this table."
+        )
     elif comparison.empty:
         lines.append(
             f"No dataset of this run is one of the paper's datasets, so there is nothing "

@@ -92,6 +92,7 @@ def render_table(
     setting: Mapping[str, Any],
     scaled_down_note: str,
     reference_csv: str | os.PathLike[str] | None,
+    no_reference: str = "",
     rows: Sequence[str] = ("dataset", "defense"),
     metrics: Sequence[str] = DEFAULT_METRICS,
     title: str | None = None,
@@ -107,7 +108,8 @@ def render_table(
 
     ``attacks``, ``defenses`` and ``datasets`` are the run keys (``ig``, ``noise``, ...) in the
     paper's order; runs outside them are not part of this table. ``setting`` is listed verbatim in
-    the Markdown, followed by the provenance recorded in the files (commits, config hashes).
+    the Markdown, followed by the provenance recorded in the files (commits, config hashes);
+    ``no_reference`` says there why a table without ``reference_csv`` has no published numbers.
     A run with scale "embedded" needs ``scaled_down_note``: a scaled-down table that does not say
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
     figure is a line over the swept value (a round, CENSOR's T) instead of bars; with
@@ -179,6 +181,7 @@ def render_table(
         scaled_down_note=scaled_down_note,
         comparison=comparison,
         reference_name=None if reference_csv is None else Path(reference_csv).name,
+        no_reference=no_reference,
         failed_runs=failed_runs,
         csv_name=paths["csv"].name,
         vs_paper_name=paths["vs_paper"].name,
