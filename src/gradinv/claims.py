@@ -29,9 +29,9 @@ A verdict is ``holds``, ``fails`` or ``not evaluated``, always with the numbers 
 the scale of the run: a claim that fails on the scaled-down run is a finding about that run,
 reported as such. A group without both values (a cell with no runs) is never read as agreeing:
 the verdict is ``holds`` or ``fails`` only when it would be the same whichever way those groups
-went, and ``not evaluated`` otherwise, as it is when the table is not built or no group has both
-values. A metric that has no value in any cell of the selection (LPIPS without its pretrained
-weights) is left out of the check, and the note says so.
+went, and ``not evaluated`` otherwise, as it is when the table is not built, its result file is
+missing, or no group has both values. A metric that has no value in any cell of the selection
+(LPIPS without its pretrained weights) is left out of the check, and the note says so.
 """
 
 from __future__ import annotations

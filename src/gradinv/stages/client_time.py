@@ -5,7 +5,10 @@ the initial model (round 0, the seed's), ``repeats`` times after one untimed cal
 the median and every time. The calls run on one defense object, as successive rounds of one
 client: Refiner's warm start then reuses the robust data of the call before, and the untimed
 first call is the paper's "first round" that has none. ``report`` lays the medians out as the
-paper does (defenses by models), with the published seconds beside them.
+paper does (defenses by models), with the published seconds beside them, and writes
+``refiner_table4_time_vs_paper.csv``: ours and the paper's seconds per (defense, model), the
+paper's model through ``client_time.paper_models``, each also as a ratio to the study's first
+defense on the same model.
 """
 
 from __future__ import annotations
