@@ -113,9 +113,11 @@ def test_within_and_tolerance(tmp_path):
         {**_check(**base), "left": "dcs2", "relation": "not_below", "tolerance": 1.0},
         {**_check(**base), "left": "dp", "relation": "not_below", "tolerance": 1.0},
         {**_check(**base), "left": "none", "right": "dp", "relation": "not_below"},
+        {**_check(**base), "left": "dcs2", "relation": "not_below", "tolerance": 0.5},  # boundary
     )
     table = evaluate(claims, {"utility": utility}, "embedded")
-    assert list(table["verdict"]) == ["holds", "fails", "holds", "fails", "holds", "fails", "holds"]
+    expected = ["holds", "fails", "holds", "fails", "holds", "fails", "holds", "holds"]
+    assert list(table["verdict"]) == expected
 
 
 def test_missing_values_and_tables_are_not_evaluated_with_the_reason(tmp_path):
@@ -148,14 +150,16 @@ def test_groups_without_both_values_never_count_in_the_claims_favour(tmp_path):
     assert "| 1/1 (1 without values) |" in markdown(table, "embedded")
 
 
-def test_a_cell_without_runs_is_a_group_of_its_own_not_dropped(tmp_path):
-    # a cell with no runs has no model (the table's context comes from runs): still a group
+def test_a_cell_without_runs_joins_its_group(tmp_path):
+    # a cell with no runs has no model (the table's context comes from runs): it takes the
+    # table's one model, so GGL is one group short of CENSOR's value, not two half groups
     frame = TABLE.assign(model="lenet")
     frame.loc[(frame["defense"] == "censor") & (frame["attack"] == "ggl"), ["model", "mean"]] = None
     claims = _claims(tmp_path, _check(over=["dataset", "model", "attack"]))
     table = evaluate(claims, {"t": frame}, "embedded")
     assert table.loc[0, "verdict"] == "not evaluated"
-    assert table.loc[0, "groups"] == 3 and table.loc[0, "evaluated"] == 1
+    assert table.loc[0, "groups"] == 2 and table.loc[0, "evaluated"] == 1
+    assert "patches/lenet/ggl: no value for censor" in table.loc[0, "evidence"]
 
 
 def test_a_metric_with_no_value_anywhere_is_left_out_with_a_note(tmp_path):
@@ -163,15 +167,17 @@ def test_a_metric_with_no_value_anywhere_is_left_out_with_a_note(tmp_path):
         {(d, a, "lpips"): float("nan") for d in ("none", "censor") for a in ("ig", "ggl")}
     )
     lpips["note"] = "LPIPS unavailable: no pretrained weights"
-    frame = pd.concat([TABLE, lpips])
+    frame = pd.concat([TABLE, lpips.assign(unavailable=2)])
     claims = _claims(tmp_path, _check(metrics=["ssim", "lpips"], relation="better"))
     table = evaluate(claims, {"t": frame}, "embedded")
     assert table.loc[0, "verdict"] == "holds"  # on SSIM, the metric this run computed
     assert (table.loc[0, "evaluated"], table.loc[0, "groups"]) == (2, 2)
-    assert (
-        "lpips has no value in any cell (LPIPS unavailable: no pretrained weights)"
-        in (table.loc[0, "reason"])
-    )
+    reason = "lpips is unavailable in this run (LPIPS unavailable: no pretrained weights)"
+    assert reason in table.loc[0, "reason"]
+    # a metric with no value for another reason (every run failed) is kept: it decides nothing
+    failed = pd.concat([TABLE, lpips.assign(unavailable=0, note="2 failed")])
+    kept = evaluate(_claims(tmp_path, _check(metrics=["ssim", "lpips"])), {"t": failed}, "e")
+    assert kept.loc[0, "verdict"] == "not evaluated" and kept.loc[0, "groups"] == 4
     only_lpips = evaluate(_claims(tmp_path, _check(metrics=["lpips"])), {"t": frame}, "embedded")
     assert only_lpips.loc[0, "verdict"] == "not evaluated"
     absent = evaluate(_claims(tmp_path, _check(metrics=["psnr"])), {"t": TABLE}, "embedded")

@@ -171,6 +171,10 @@ def test_the_shipped_params_and_overlay_are_valid():
         ),
         (broken("tables.refiner_fig6.tradeoff", "psnr"), r"tradeoff: 'psnr' is not one of"),
         (
+            broken("client_time.paper_models", {"resnet18_g": "resnet18"}),
+            r"client_time.paper_models: 'resnet18_g' is not defined under models. Did you mean",
+        ),
+        (
             broken("tables.table3_eot.victims", 40),
             r"capture: tables.table3_eot attacks 40 victims .* needs 7294 images",
         ),

@@ -456,7 +456,6 @@ def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path
         tradeoff=Tradeoff("pmm", lines),
     )
     assert Image.open(out["figure"]).size[0] > 0
-    assert "No published reference was given" in out["markdown"].read_text()
     long = pd.read_csv(out["cells"])
     points = tradeoff_points(long, x_metric="pmm", lines=lines)
     assert set(points["metric"]) == {"psnr"}
@@ -481,3 +480,30 @@ def test_a_table_without_published_numbers_says_why(tmp_path):
     assert "No published numbers: the paper's figure prints no numbers." in (
         out["markdown"].read_text()
     )
+
+
+def test_the_tradeoff_lines_follow_each_sweeps_order_and_keep_sweeps_apart():
+    """A line per sweep in the table's order of defenses (the sweep's values), not the sorted
+    run keys (bits16 before bits2); two sweeps of one base are two lines; a defense outside any
+    sweep is a point of its own."""
+    from gradinv.stages.report import _tradeoff
+
+    order = ["none", "q-bits2", "q-bits16", "r-beta1", "r-beta10", "r-tau0.5", "r"]
+    points = {
+        "q-bits2": ["q", "bits", 2],
+        "q-bits16": ["q", "bits", 16],
+        "r-beta1": ["r", "beta", 1],
+        "r-beta10": ["r", "beta", 10],
+        "r-tau0.5": ["r", "tau", 0.5],
+    }
+    settings = {
+        "labels": {"defenses": {"none": "No Defense", "q": "GQ", "r": "Refiner"}},
+        "sweep_points": points,
+        "table": {"defenses": order},
+        "defenses": {d: {} for d in sorted(order)},  # job settings arrive with sorted keys
+    }
+    lines = _tradeoff("pmm", settings).lines
+    assert lines["q-bits2"] == ("GQ sweep", 1) and lines["q-bits16"] == ("GQ sweep", 2)
+    assert lines["r-beta1"][0] == lines["r-beta10"][0] == "Refiner (beta sweep)"
+    assert lines["r-tau0.5"][0] == "Refiner (tau sweep)"
+    assert lines["r"] == ("Refiner", 6) and lines["none"] == ("No Defense", 0)

@@ -292,7 +292,7 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     absent = [c for c in sorted(keys) if c not in tidy.columns]
     if absent:
         raise ClaimError(f"{claim.id}: {check.table} has no column(s) {absent}.")
-    tidy = _as_text(tidy, keys)
+    tidy = _as_text(_with_constant_context(tidy, check.over), keys)
     for column, values in check.where.items():
         tidy = tidy[tidy[column].isin([_key(v) for v in values])]
     notes = []
@@ -302,7 +302,7 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
         reason = "; ".join([*notes, "no cell matches the check's metrics and 'where'"])
         return _row(claim, "not evaluated", reason=reason)
     over = [*check.over, *(["metric"] if tidy["metric"].nunique() > 1 else [])]
-    groups = list(tidy.groupby(over, sort=False, dropna=False)) if over else [((), tidy)]
+    groups = list(tidy.groupby(over, sort=False)) if over else [((), tidy)]
     outcomes = []  # (group key, satisfied or None, text)
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
@@ -346,19 +346,36 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     return _row(claim, verdict, reason="; ".join(notes), **fields)
 
 
+def _with_constant_context(tidy: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
+    """A cell without runs has no context of its own (its model is empty where the table has one
+    model): it takes the table's one value, so that it joins its group instead of making one."""
+    out = tidy.copy()
+    for column in columns:
+        known = out[column].dropna().unique()
+        if len(known) == 1:
+            out[column] = out[column].fillna(known[0])
+    return out
+
+
 def _without_metrics_never_computed(
     check: Check, tidy: pd.DataFrame
 ) -> tuple[pd.DataFrame, list[str]]:
-    """The selection less the metrics with no value in any of its cells, and a note for each
-    (LPIPS without its weights): the claim is then checked on the other metrics."""
+    """The selection less the metrics this run could not compute (unavailable in every cell:
+    LPIPS without its weights), with a note for each: the claim is then checked on the other
+    metrics. A metric that failed or gave no value for another reason stays, and its groups
+    decide nothing."""
     notes = []
     for metric in check.metrics:
         cells = tidy[tidy["metric"] == metric]
         if cells.empty:
             notes.append(f"{metric} is not in {check.table}")
-        elif cells["value"].isna().all():
+            continue
+        unavailable = cells.get("unavailable", pd.Series(0, index=cells.index)).fillna(0)
+        if cells["value"].isna().all() and (unavailable > 0).any():
             why = sorted({str(n) for n in cells.get("note", pd.Series(dtype=str)).dropna() if n})
-            notes.append(f"{metric} has no value in any cell" + (f" ({why[0]})" if why else ""))
+            notes.append(
+                f"{metric} is unavailable in this run" + (f" ({'; '.join(why)})" if why else "")
+            )
             tidy = tidy[tidy["metric"] != metric]
     return tidy, notes
 

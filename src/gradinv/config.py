@@ -334,6 +334,14 @@ def _check_references(config: dict[str, Any], source: str) -> None:
                     raise ConfigError(
                         f"{source}: client_time.{key}: {name!r} is not defined under {key}.{hint}"
                     )
+        for ours in study.get("paper_models") or {}:  # a model the overlay does not time is fine
+            if ours not in config["models"]:
+                close = difflib.get_close_matches(ours, config["models"], n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"{source}: client_time.paper_models: {ours!r} is not defined under "
+                    f"models.{hint}"
+                )
     from gradinv.attacks import ATTACKS
     from gradinv.settings import from_mapping
 
@@ -901,6 +909,9 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         table = config["tables"][w["table"]]
         if table_utility_runs(config, w["table"]):  # the table shows accuracy or PMM
             out["utility"] = {"fl": utility_fl(config), **config["utility"]}
+        if "tradeoff" in table:  # its figure draws a line per sweep
+            points = sweep_points(config)
+            out["sweep_points"] = {d: points[d] for d in table["defenses"] if d in points}
         out |= {
             "table": table,
             "table_name": w["table"],
@@ -908,11 +919,6 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "attacks": config["attacks"],
             "defenses": {
                 d: config["defenses"][d] for d in config["tables"][w["table"]]["defenses"]
-            },
-            "sweep_points": {
-                d: point
-                for d, point in sweep_points(config).items()
-                if d in config["tables"][w["table"]]["defenses"]
             },
             "rounds": table_rounds(config, w["table"]),
             "victims": table_victims(config, w["table"]),

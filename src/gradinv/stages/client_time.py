@@ -121,11 +121,11 @@ def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
         "| defense | " + " | ".join(study["models"]) + " |",
         "|---|" + "---|" * len(study["models"]),
     ]
-    paper = comparison.set_index(["defense", "model"])["paper"]
+    paper_seconds = comparison.set_index(["defense", "model"])["paper"]
     for row in table.to_dict("records"):
         cells = []
         for model in study["models"]:
-            published = paper.get((row["defense"], model))
+            published = paper_seconds.get((row["defense"], model))
             ours = "" if pd.isna(row[model]) else f"{row[model]:.4f}"
             cells.append(ours + ("" if pd.isna(published) else f" ({published:g})"))
         lines.append(f"| {row['defense_label']} | " + " | ".join(cells) + " |")
@@ -176,7 +176,7 @@ def _vs_paper(
 
 
 def _paper_models_note(study: dict[str, Any]) -> str:
-    pairs = (study.get("paper_models") or {}).items()
+    pairs = [(o, p) for o, p in (study.get("paper_models") or {}).items() if o in study["models"]]
     if not pairs:
         return ""
     return " (" + ", ".join(f"{ours} against the paper's {paper}" for ours, paper in pairs) + ")"

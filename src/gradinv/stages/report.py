@@ -114,12 +114,23 @@ def _sweep(x_axis: str | None, defenses: dict[str, Any], rounds: list[int]) -> S
 
 
 def _tradeoff(x: str | None, settings: dict[str, Any]) -> Tradeoff | None:
-    """A line per base defense through its sweep's points, in the table's order of defenses
-    (a table lists a sweep's variants in the order of its values)."""
+    """A line per sweep through its points, in the table's order of defenses (a table lists a
+    sweep's variants in the order of its values); a defense outside any sweep is a point of its
+    own. A sweep's line is its base defense's label, with the swept setting where the table
+    sweeps that base over several settings."""
     if x is None:
         return None
     labels, points = settings["labels"]["defenses"], settings["sweep_points"]
-    lines = {d: (labels[points.get(d, (d,))[0]], i) for i, d in enumerate(settings["defenses"])}
+    order = settings["table"]["defenses"]
+    swept = [tuple(points[d][:2]) for d in order if d in points]
+    lines = {}
+    for i, d in enumerate(order):
+        if d not in points:
+            lines[d] = (labels[d], i)
+            continue
+        base, setting = points[d][:2]
+        several = len({s for b, s in swept if b == base}) > 1
+        lines[d] = (f"{labels[base]} ({setting} sweep)" if several else f"{labels[base]} sweep", i)
     return Tradeoff(x, lines)
 
 

@@ -180,6 +180,9 @@ def tradeoff_points(
     the defense's ``x_metric`` (PMM: one value per defense, the same in every attack's column) as
     ``x`` and the cell's mean as ``y``; ``lines`` maps each defense to its line (its base
     defense's label, for a sweep point) and its place along it (the sweep's order)."""
+    unknown = sorted(set(long["defense"]) - set(lines))
+    if unknown:
+        raise TableError(f"no line of the utility-privacy figure for defense(s) {unknown}.")
     keys = [*facets, "defense"]
     x = (
         long[long["metric"] == x_metric]
@@ -194,7 +197,7 @@ def tradeoff_points(
     points["facet"] = (
         points[[f"{c}_label" for c in facets]].astype(str).agg(" / ".join, axis=1) if facets else ""
     )
-    return points.rename(columns={"mean": "y"}).sort_values(["line", "order"], kind="stable")
+    return points.rename(columns={"mean": "y"}).sort_values("order", kind="stable")
 
 
 def tradeoff_figure(
@@ -213,7 +216,8 @@ def tradeoff_figure(
     rows = list(dict.fromkeys(points["facet"]))
     columns = list(dict.fromkeys(zip(points["metric"], points["attack_label"], strict=True)))
     names = list(dict.fromkeys(points["line"]))
-    colors = dict(zip(names, sns.color_palette("tab10", len(names)), strict=True))
+    palette = sns.color_palette("tab10" if len(names) <= 10 else "tab20", len(names))
+    colors = dict(zip(names, palette, strict=True))
     x_label = metric_header(x_metric)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         fig = Figure(figsize=(3.4 * len(columns), 2.9 * len(rows) + 0.9))
@@ -230,13 +234,23 @@ def tradeoff_figure(
             title = f"{attack}: {metric_header(metric)}"
             ax.set_title(f"{facet} — {title}" if facet else title)
             ax.set_xlabel(x_label)
-            if _say_why_empty(ax, panel.rename(columns={"y": "mean"})):
+            # a point needs both values: a failed utility run leaves its defense without x
+            drawn = panel.dropna(subset=["x", "y"])
+            if _say_why_empty(ax, panel.assign(mean=drawn["y"])):
                 continue
-            for name, line in panel.groupby("line", sort=False):
-                line = line.dropna(subset=["x", "y"])
+            for name, line in drawn.groupby("line", sort=False):
                 ax.plot(line["x"], line["y"], marker="o", color=colors[name], label=name)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=min(len(names), 4), frameon=False)
+        legend = {}
+        for ax in axes.flat:  # every line, whichever panels it has points in
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                legend.setdefault(label, handle)
+        fig.legend(
+            list(legend.values()),
+            list(legend),
+            loc="upper center",
+            ncol=min(len(legend), 4),
+            frameon=False,
+        )
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
         _save(fig, out_path)
 

@@ -153,7 +153,7 @@ def render_table(
     write_csv(comparison, paths["vs_paper"])
     write_csv(long, paths["cells"])
     if tradeoff is not None:
-        facets = [c for c in rows if c not in ("defense", "round")]
+        facets = [c for c in rows if c != "defense"]
         tradeoff_figure(
             long, paths["figure"], x_metric=tradeoff.x, lines=tradeoff.lines, facets=facets
         )
