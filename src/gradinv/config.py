@@ -326,22 +326,20 @@ def _check_references(config: dict[str, Any], source: str) -> None:
                 )
     study = config.get("client_time")
     if study:
-        for key, section in (("models", config["models"]), ("defenses", config["defenses"])):
-            for name in study[key]:
-                if name not in section:
-                    close = difflib.get_close_matches(name, section, n=1)
+        # paper_models may name a model the overlay does not time, but a defined one
+        for key, section in (
+            ("models", "models"),
+            ("defenses", "defenses"),
+            ("paper_models", "models"),
+        ):
+            for name in study.get(key) or ():
+                if name not in config[section]:
+                    close = difflib.get_close_matches(name, config[section], n=1)
                     hint = f" Did you mean {close[0]!r}?" if close else ""
                     raise ConfigError(
-                        f"{source}: client_time.{key}: {name!r} is not defined under {key}.{hint}"
+                        f"{source}: client_time.{key}: {name!r} is not defined under "
+                        f"{section}.{hint}"
                     )
-        for ours in study.get("paper_models") or {}:  # a model the overlay does not time is fine
-            if ours not in config["models"]:
-                close = difflib.get_close_matches(ours, config["models"], n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(
-                    f"{source}: client_time.paper_models: {ours!r} is not defined under "
-                    f"models.{hint}"
-                )
     from gradinv.attacks import ATTACKS
     from gradinv.settings import from_mapping
 
