@@ -285,3 +285,54 @@ def test_public_pool_refuses_a_missing_class_a_short_class_and_the_victims_image
     with pytest.raises(ValueError, match=r"\[5\] of the attacked batch"):
         public_pool(ds, 1, 3, exclude=[4, 5])
     public_pool(ds, 1, 3, exclude=[0, 1, 2])  # victims outside the pool are fine
+
+
+def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, monkeypatch):
+    """CENSOR's Fig. 10 stage: each reconstruction's MSE to its original and to the nearest
+    public image, and a grid whose caption names the scale."""
+    import pandas as pd
+    from PIL import Image
+
+    from gradinv.io import save_tensors, write_json
+    from gradinv.stages import public
+
+    g = torch.Generator().manual_seed(0)
+    val = (torch.rand(6, 3, 8, 8, generator=g) * 255).to(torch.uint8)
+    labels = torch.tensor([0, 1, 0, POOL_CLASS, POOL_CLASS, POOL_CLASS])
+    prepared = PreparedDataset(
+        "patches", "Patches", val, labels, val, labels, tuple("abcd"), (0.5,) * 3, (0.5,) * 3, ""
+    )
+    monkeypatch.setattr(public, "load_prepared", lambda name, _dir: prepared)
+    pool = prepared.val_batch([3, 4, 5])[0]
+    original = prepared.val_batch([0])[0]
+    files = {"metrics": [], "reconstructions": [], "victims": []}
+    # the public defense's reconstruction is a public image; no defense's is the original
+    for defense, image in (("none", original[0]), ("censor_public", pool[1])):
+        run = tmp_path / defense
+        row = {
+            "dataset": "patches",
+            "dataset_label": "Patches",
+            "defense": defense,
+            "defense_label": defense,
+            "attack": "ig",
+            "attack_label": "IG",
+            "victim": 0,
+        }
+        write_json(run / "metrics.json", row)
+        save_tensors(run / "attack.pt", {"status": "ok", "images": image[None]})
+        save_tensors(run / "victim.pt", {"images": original})
+        for key, name in zip(files, ("metrics.json", "attack.pt", "victim.pt"), strict=True):
+            files[key].append(run / name)
+    settings = {
+        "title": "CENSOR Fig. 10",
+        "scale": "embedded",
+        "public_defense": "censor_public",
+        "defenses": {"censor_public": {"public_class": POOL_CLASS, "public_images": 3}},
+    }
+    public.run(settings, *files.values(), tmp_path / "prepared", tmp_path / "out")
+    drift = pd.read_csv(tmp_path / "out" / "fig10_public_drift.csv").set_index("defense")
+    assert not drift.loc["none", "closer_to_public"] and drift.loc["none", "mse_to_original"] == 0
+    assert drift.loc["censor_public", "closer_to_public"]
+    assert drift.loc["censor_public", "mse_to_public"] == 0
+    with Image.open(tmp_path / "out" / "fig10_public.png") as img:
+        assert img.text["Title"].startswith("CENSOR Fig. 10: nearest public image. SCALED-DOWN")

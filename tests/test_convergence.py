@@ -85,7 +85,10 @@ def test_figures_curves_and_the_clients_table(tmp_path):
     assert table["No Defense accuracy"].tolist() == pytest.approx([60.0, 70.0])
     assert table["Censor - No Defense"].tolist() == pytest.approx([-5.0, -4.0])
     for name in ("fig7_accuracy.png", "fig8_loss.png"):
-        assert Image.open(out / name).size[0] > 0
+        with Image.open(out / name) as img:
+            assert (
+                "SCALED-DOWN run" in img.text["Title"] and "table6_clients.md" in img.text["Title"]
+            )
     md = (out / "table6_clients.md").read_text()
     assert "SCALED-DOWN" in md and "Twenty rounds on six clients." in md
     # Embedded runs are not compared with the paper's CIFAR-10 numbers.

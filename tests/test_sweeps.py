@@ -21,7 +21,7 @@ from gradinv.config import (
 )
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
-from gradinv.stages.frontier import frontier_points
+from gradinv.stages.frontier import draw, frontier_points
 from gradinv.stages.score import _success_rate
 
 
@@ -161,6 +161,17 @@ def test_the_frontier_takes_the_strongest_attack_for_each_metric():
         0.9,
     )
     assert points.loc["none", "base"] == "none" and math.isnan(points.loc["none", "ssim"])
+
+
+def test_the_frontier_figure_says_when_its_runs_are_scaled_down(tmp_path):
+    from PIL import Image
+
+    cells = _cells([("none", "ig", "psnr", 20.0), ("none", "ig", "pmm", 1.0)])
+    points = frontier_points(cells, {}, {"none": "No Defense"})
+    for scale, says in (("embedded", "SCALED-DOWN run"), ("paper", "Scale: paper.")):
+        draw(points, tmp_path / f"{scale}.png", {"scale": scale})
+        with Image.open(tmp_path / f"{scale}.png") as img:
+            assert says in img.text["Title"]
 
 
 def test_attack_success_is_the_share_of_images_at_the_ssim_threshold():

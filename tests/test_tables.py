@@ -303,6 +303,10 @@ def test_rerender_is_byte_identical_and_pngs_are_images(tmp_path):
     with Image.open(first["figure"]) as img:
         img.verify()
         assert img.format == "PNG"
+    with Image.open(first["figure"]) as img:  # a scaled-down figure says so, under it and here
+        assert img.text["Title"] == (
+            "table1. SCALED-DOWN run (embedded scale), not the paper's setting: see table1.md."
+        )
     assert not list((tmp_path / "a").rglob("*.tmp"))
 
 
@@ -323,12 +327,12 @@ def test_reconstruction_grid_writes_a_png(tmp_path):
     ]
     entries[-1]["reconstruction"] = torch.full((3, 8, 8), math.nan)
     out = tmp_path / "figures" / "grid.png"
-    reconstruction_grid(entries, out)
+    reconstruction_grid(entries, out, "Fig. 6. Scale: paper.")
     with Image.open(out) as img:
-        img.verify()
+        assert img.text["Title"] == "Fig. 6. Scale: paper."
     entries[0]["original"] = torch.zeros(3, 8, 8)
     with pytest.raises(TableError, match="two different originals"):
-        reconstruction_grid(entries, out)
+        reconstruction_grid(entries, out, "")
 
 
 def test_malformed_files_are_named(tmp_path):

@@ -792,6 +792,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump(
             {
                 **common,
+                "title": spec["title"],
                 "public_defense": public[0] if public else None,
                 "defenses": {d: config["defenses"][d] for d in spec["defenses"]},
             }

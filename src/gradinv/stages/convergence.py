@@ -19,7 +19,7 @@ import pandas as pd
 
 from gradinv.io import atomic_path, read_json
 from gradinv.stages.common import project_path
-from gradinv.tables.figures import curve_figure
+from gradinv.tables.figures import curve_figure, figure_caption
 from gradinv.tables.render import write_csv
 
 CURVE_COLUMNS = (
@@ -60,7 +60,6 @@ def run(
     write_csv(frame.assign(scale=scale), out_dir / "convergence.csv")
     plotted = frame.rename(columns={"loop": "panel"}) if loop_runs else frame.drop(columns="loop")
     title = f"{conv['title'].split(':')[0]}"
-    suffix = " (SCALED DOWN)" if scale == "embedded" else ""
     for name, y, y_label, fig in (
         ("fig7_accuracy.png", "test_accuracy", "test accuracy", 7),
         ("fig8_loss.png", "test_loss", "test loss", 8),
@@ -70,7 +69,7 @@ def run(
             out_dir / name,
             y=y,
             y_label=y_label,
-            title=f"{title}, Fig. {fig}: {y_label}{suffix}",
+            caption=figure_caption(f"{title}, Fig. {fig}: {y_label}", scale, "table6_clients.md"),
             x_labels=X_LABELS,
         )
     table = _clients_table([runs[p] for p in clients], conv, labels)

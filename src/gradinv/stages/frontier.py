@@ -16,11 +16,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gradinv.io import atomic_path
-from gradinv.tables.figures import DPI, PNG_METADATA
+from gradinv.tables.figures import figure_caption, save_figure
 from gradinv.tables.render import write_csv
 
 #: The privacy metrics of the frontier and the attacker's preference: the best attack maximizes
@@ -113,14 +111,8 @@ def draw(frontier: pd.DataFrame, out: Path, settings: dict[str, Any]) -> None:
                 )
             ax.grid(alpha=0.3)
         axes[r, 0].legend(fontsize=7, loc="best")
-    scale = settings["scale"]
-    fig.suptitle(
-        "Utility against privacy under the strongest attack"
-        + (" (SCALED-DOWN embedded run)" if scale == "embedded" else "")
-    )
-    FigureCanvasAgg(fig)
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, metadata=PNG_METADATA)
+    title = "Utility against privacy under the strongest attack"
+    save_figure(fig, out, figure_caption(title, settings["scale"], "frontier_runs.md"))
 
 
 def _sort_key(values: pd.Series) -> pd.Series:

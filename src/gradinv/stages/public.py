@@ -18,6 +18,7 @@ from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
 from gradinv.io import load_tensors, read_json
 from gradinv.tables import GridEntry, reconstruction_grid, write_csv
+from gradinv.tables.figures import figure_caption
 
 
 def run(
@@ -89,4 +90,7 @@ def run(
             )
         )
     write_csv(pd.DataFrame.from_records(rows), out_dir / "fig10_public_drift.csv")
-    reconstruction_grid(entries, out_dir / "fig10_public.png")
+    caption = figure_caption(
+        f"{settings['title']}: nearest public image", settings["scale"], "fig10_public.md"
+    )
+    reconstruction_grid(entries, out_dir / "fig10_public.png", caption)

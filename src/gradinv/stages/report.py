@@ -10,6 +10,7 @@ from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
 from gradinv.stages.common import project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
+from gradinv.tables.figures import figure_caption
 from gradinv.tables.render import Sweep, Tradeoff
 
 
@@ -86,6 +87,9 @@ def run(
         out_dir / "figures" / f"{name}_grid.png",
         rounds,
         several_models=len(models) > 1,
+        caption=figure_caption(
+            f"{spec['title']}: reconstructions", settings["scale"], f"{name}.md"
+        ),
     )
 
 
@@ -140,6 +144,8 @@ def _grid(
     victims: list[Path],
     out: Path,
     rounds: list[int],
+    *,
+    caption: str,
     several_models: bool = False,
 ) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch)."""
@@ -159,7 +165,7 @@ def _grid(
                 reconstruction=rec["images"][0] if rec["status"] == "ok" else None,
             )
         )
-    reconstruction_grid(entries, out)
+    reconstruction_grid(entries, out, caption)
 
 
 def _budget(cfg: dict[str, Any]) -> str:

@@ -1,6 +1,8 @@
 """Figures of a table: bar charts of the cells, lines over a sweep, utility against privacy
 (Refiner's Figs. 6, 9, 10) and a grid of reconstructions (CENSOR Fig. 6).
 
+Every figure carries a caption under it, also stored as the PNG's ``Title``: what it reproduces
+and at what scale, so that a scaled-down figure seen on its own is never taken for the paper's.
 Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas, never through
 pyplot's global state, and saved without the PNG "Software" stamp, so the same cells give the
 same bytes on the same library versions. Both files are written atomically (temporary file in
@@ -12,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +32,29 @@ DPI = 100
 PNG_METADATA: dict[str, Any] = {"Software": None}
 
 
-def _save(fig: Figure, out_path: str | os.PathLike[str]) -> None:
+def figure_caption(title: str, scale: str, details: str) -> str:
+    """The line under a figure: what it shows and at what scale; a scaled-down run says so and
+    names the file that says what was scaled down (``details``)."""
+    if scale == "embedded":
+        return f"{title}. SCALED-DOWN run (embedded scale), not the paper's setting: see {details}."
+    return f"{title}. Scale: {scale}."
+
+
+def save_figure(fig: Figure, out_path: str | os.PathLike[str], caption: str) -> None:
+    """Write ``fig`` as a PNG with ``caption`` under it and as its ``Title``, atomically."""
+    # about 14 characters of 7-point text to the inch; at least 60 to a line on a narrow figure
+    lines = textwrap.fill(caption, width=max(60, int(14 * fig.get_figwidth())))
+    fig.text(0.5, 0.0, lines, ha="center", va="top", fontsize=7)
     FigureCanvasAgg(fig)
     with atomic_path(out_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, metadata=PNG_METADATA)
+        fig.savefig(
+            tmp,
+            format="png",
+            dpi=DPI,
+            metadata={**PNG_METADATA, "Title": caption},
+            bbox_inches="tight",  # takes in the caption, drawn below the axes
+            pad_inches=0.1,
+        )
 
 
 def _say_why_empty(ax: Any, panel: pd.DataFrame) -> bool:
@@ -59,6 +81,7 @@ def table_figure(
     out_path: str | os.PathLike[str],
     *,
     rows: Sequence[str] = ("dataset", "defense"),
+    caption: str,
 ) -> None:
     """One panel per (facet, metric): bars = last row column (defense), hue = attack.
 
@@ -122,7 +145,7 @@ def table_figure(
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=len(attacks), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
-        _save(fig, out_path)
+        save_figure(fig, out_path, caption)
 
 
 def sweep_figure(
@@ -132,6 +155,7 @@ def sweep_figure(
     x: Mapping[Any, float],
     x_column: str,
     x_label: str,
+    caption: str,
 ) -> None:
     """One panel per metric; x = a swept setting (round, T, ...), one line per other row and
     attack, with the std over victims as a band (CENSOR Fig. 9, Table V as a curve).
@@ -166,7 +190,7 @@ def sweep_figure(
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
-        _save(fig, out_path)
+        save_figure(fig, out_path, caption)
 
 
 def tradeoff_points(
@@ -207,6 +231,7 @@ def tradeoff_figure(
     x_metric: str,
     lines: Mapping[str, tuple[str, int]],
     facets: Sequence[str] = ("dataset",),
+    caption: str,
 ) -> None:
     """Utility against privacy, as Refiner's Figs. 6, 9 and 10 draw it: a panel per facet
     (dataset, model) and per (metric, attack); ``x_metric`` on x, the metric on y, one line per
@@ -252,7 +277,7 @@ def tradeoff_figure(
             frameon=False,
         )
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
-        _save(fig, out_path)
+        save_figure(fig, out_path, caption)
 
 
 def curve_figure(
@@ -261,7 +286,7 @@ def curve_figure(
     *,
     y: str,
     y_label: str,
-    title: str,
+    caption: str,
     x_labels: Mapping[str, str] | None = None,
 ) -> None:
     """``y`` against ``round``, one line per ``label`` (CENSOR Figs. 7 and 8).
@@ -285,9 +310,8 @@ def curve_figure(
                 ax.set_title(panel, fontsize=8)
             ax.legend(frameon=False, fontsize=7)
         axes[0].set_ylabel(y_label)
-        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        _save(fig, out_path)
+        save_figure(fig, out_path, caption)
 
 
 @dataclass(frozen=True)
@@ -322,7 +346,9 @@ def _image(value: Any, what: str) -> np.ndarray | None:
 
 
 def reconstruction_grid(
-    entries: Sequence[GridEntry | Mapping[str, Any]], out_path: str | os.PathLike[str]
+    entries: Sequence[GridEntry | Mapping[str, Any]],
+    out_path: str | os.PathLike[str],
+    caption: str,
 ) -> None:
     """Originals in the first row, then one row per defense × attack; columns are victims.
 
@@ -385,7 +411,7 @@ def reconstruction_grid(
             if j == 0:
                 ax.set_ylabel(row_label, fontsize=7, rotation=0, ha="right", va="center")
     fig.tight_layout()
-    _save(fig, out_path)
+    save_figure(fig, out_path, caption)
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:

@@ -20,7 +20,7 @@ import pandas as pd
 from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
-from gradinv.tables.figures import sweep_figure, table_figure, tradeoff_figure
+from gradinv.tables.figures import figure_caption, sweep_figure, table_figure, tradeoff_figure
 from gradinv.tables.files import DEFAULT_METRICS, collect, unavailable_column
 from gradinv.tables.markdown import render_markdown
 
@@ -152,16 +152,28 @@ def render_table(
     write_csv(widen(long, rows), paths["csv"])
     write_csv(comparison, paths["vs_paper"])
     write_csv(long, paths["cells"])
+    scale = "embedded" if scaled_down else ", ".join(sorted(scales)) or "not recorded"
+    caption = figure_caption(title or name, scale, paths["markdown"].name)
     if tradeoff is not None:
         facets = [c for c in rows if c != "defense"]
         tradeoff_figure(
-            long, paths["figure"], x_metric=tradeoff.x, lines=tradeoff.lines, facets=facets
+            long,
+            paths["figure"],
+            x_metric=tradeoff.x,
+            lines=tradeoff.lines,
+            facets=facets,
+            caption=caption,
         )
     elif sweep is None:
-        table_figure(long, paths["figure"], rows=rows)
+        table_figure(long, paths["figure"], rows=rows, caption=caption)
     else:
         sweep_figure(
-            long, paths["figure"], x=sweep.values, x_column=sweep.column, x_label=sweep.label
+            long,
+            paths["figure"],
+            x=sweep.values,
+            x_column=sweep.column,
+            x_label=sweep.label,
+            caption=caption,
         )
     in_table = (
         df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
