@@ -14,22 +14,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
-from gradinv.tables.figures import figure_caption, save_figure
+from gradinv.tables.figures import draw_tradeoff, figure_caption
 from gradinv.tables.render import write_csv
 
 #: The privacy metrics of the frontier and the attacker's preference: the best attack maximizes
 #: PSNR and SSIM and minimizes LPIPS.
 PRIVACY: dict[str, str] = {"psnr": "max", "ssim": "max", "lpips": "min"}
-LABELS = {
-    "psnr": "PSNR (dB), strongest attack",
-    "ssim": "SSIM, strongest attack",
-    "lpips": "LPIPS, strongest attack",
-}
-COLUMNS = ("dataset", "defense", "defense_label", "base", "setting", "value", "pmm")
 
 
 def run(settings: dict[str, Any], cells_path: Path, out_dir: Path) -> None:
@@ -78,50 +70,35 @@ def _first(group: pd.DataFrame, metric: str) -> float:
 def draw(frontier: pd.DataFrame, out: Path, settings: dict[str, Any]) -> None:
     """One panel per privacy metric: PMM on x, the strongest attack's value on y, one line per
     defense through its sweep (in the order of the swept value)."""
-    datasets = list(dict.fromkeys(frontier["dataset"]))
-    fig = Figure(figsize=(5.0 * len(PRIVACY), 4.2 * len(datasets)), layout="constrained")
-    axes = np.atleast_2d(fig.subplots(len(datasets), len(PRIVACY), squeeze=False))
-    bases = list(dict.fromkeys(frontier["base"]))
-    colors = dict(zip(bases, _palette(len(bases)), strict=False))
-    for r, dataset in enumerate(datasets):
-        data = frontier[frontier["dataset"] == dataset]
-        for c, metric in enumerate(PRIVACY):
-            ax = axes[r, c]
-            ax.set_xlabel("PMM (accuracy relative to no defense)")
-            ax.set_ylabel(LABELS[metric])
-            ax.set_title(f"{dataset}: {metric.upper()}")
-            if not np.isfinite(data[metric].to_numpy(dtype=float)).any():
-                ax.text(
-                    0.5,
-                    0.5,
-                    f"{metric.upper()} unavailable in this run",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                )
-                continue
-            for base, line in data.groupby("base", sort=False):
-                line = line.sort_values("value", key=_sort_key)
-                ax.plot(
-                    line["pmm"],
-                    line[metric],
-                    marker="o",
-                    color=colors[base],
-                    label=line["base_label"].iloc[0],
-                )
-            ax.grid(alpha=0.3)
-        axes[r, 0].legend(fontsize=7, loc="best")
+    lines = [
+        line.sort_values("value", key=_sort_key) for _, line in frontier.groupby("base", sort=False)
+    ]
+    ordered = pd.concat(lines, ignore_index=True) if lines else frontier
+    points = pd.concat(
+        [
+            ordered.assign(
+                facet=ordered["dataset"],
+                metric=metric,
+                attack_label="strongest attack",
+                line=ordered["base_label"],
+                x=ordered["pmm"],
+                y=ordered[metric],
+                note=f"{metric.upper()} unavailable in this run",
+            )
+            for metric in PRIVACY
+        ],
+        ignore_index=True,
+    )
     title = "Utility against privacy under the strongest attack"
-    save_figure(fig, out, figure_caption(title, settings["scale"], "frontier_runs.md"))
+    draw_tradeoff(
+        points,
+        out,
+        x_label="PMM (accuracy relative to no defense)",
+        caption=figure_caption(title, settings["scale"], "frontier_runs.md"),
+    )
 
 
 def _sort_key(values: pd.Series) -> pd.Series:
     """Order a sweep by its value: numbers numerically, anything else as text."""
     numbers = pd.to_numeric(values, errors="coerce")
     return numbers if numbers.notna().all() else values.astype(str)
-
-
-def _palette(n: int) -> list[Any]:
-    import seaborn as sns
-
-    return sns.color_palette("tab20", max(n, 1))

@@ -238,12 +238,20 @@ def tradeoff_figure(
     defense through the points of its sweep (a defense without a sweep, no defense, is a point).
     """
     points = tradeoff_points(long, x_metric=x_metric, lines=lines, facets=facets)
+    draw_tradeoff(points, out_path, x_label=metric_header(x_metric), caption=caption)
+
+
+def draw_tradeoff(
+    points: pd.DataFrame, out_path: str | os.PathLike[str], *, x_label: str, caption: str
+) -> None:
+    """Draw utility-privacy ``points`` (columns ``facet``, ``metric``, ``attack_label``,
+    ``line``, ``x``, ``y`` and ``note``, what a panel without a point says): a panel per facet
+    and (metric, attack), each line through its points in the frame's order."""
     rows = list(dict.fromkeys(points["facet"]))
     columns = list(dict.fromkeys(zip(points["metric"], points["attack_label"], strict=True)))
     names = list(dict.fromkeys(points["line"]))
     palette = sns.color_palette("tab10" if len(names) <= 10 else "tab20", len(names))
     colors = dict(zip(names, palette, strict=True))
-    x_label = metric_header(x_metric)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         fig = Figure(figsize=(3.4 * len(columns), 2.9 * len(rows) + 0.9))
         axes = fig.subplots(len(rows), len(columns), squeeze=False)
