@@ -13,7 +13,8 @@
 #   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import (
+from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.jobs import (
     attack_generator_file,
     capture_file,
     claim_inputs,
@@ -25,11 +26,7 @@ from gradinv.config import (
     job_settings,
     malicious_attacks,
     metric_assets,
-    table_batch_size,
-    table_models,
-    table_rounds,
     table_utility_runs,
-    table_victims,
 )
 from gradinv import pipeline
 

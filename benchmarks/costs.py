@@ -26,7 +26,7 @@ job, the defense of a train or capture job, the generator), dataset, model and b
 with neither is *unmeasured*: it adds no seconds, and every cell that leaves it out says so.
 
 Full scale, estimated. Each paper-overlay job's settings are what Snakemake passes it
-(:func:`gradinv.config.job_settings`); its cost is its count of iterations times the seconds one
+(:func:`gradinv.jobs.job_settings`); its cost is its count of iterations times the seconds one
 iteration of that model, image size and batch took in ``results/benchmarks/iterations.json``
 (written by ``--measure-iterations``, on CUDA when present, else the CPU):
 

@@ -1,7 +1,7 @@
 """A job's cost at full scale, for benchmarks/costs.py: its iterations x a measured unit.
 
 :func:`job_plan` reads a paper-overlay job's settings (what Snakemake passes it,
-:func:`gradinv.config.job_settings`) into a :class:`Plan`: a sum of count x unit, each unit a key
+:func:`gradinv.jobs.job_settings`) into a :class:`Plan`: a sum of count x unit, each unit a key
 of results/benchmarks/iterations.json (an attack iteration, a client update or a generator pass,
 at the job's model, image size and batch), or why the job has no estimate. :func:`plan_seconds`
 prices a plan with the measured units (the "Full scale, estimated." paragraph of costs.py's
@@ -137,7 +137,7 @@ def attack_plan(config: dict, job: Job, s: dict[str, Any]) -> Plan:
 
 
 def job_plan(config: dict, job: Job) -> Plan:
-    from gradinv.config import job_settings
+    from gradinv.jobs import job_settings
 
     stage = STAGE.get(job.rule)
     if stage is None:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.cli import main
-from gradinv.config import REPO_ROOT, job_settings, load, validate
+from gradinv.config import REPO_ROOT, load, validate
+from gradinv.jobs import job_settings
 
 MICRO = REPO_ROOT / "tests" / "configs" / "micro.yaml"
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
-from gradinv.config import REPO_ROOT, claim_inputs, claim_tables, job_settings, load
+from gradinv.config import REPO_ROOT, load
+from gradinv.jobs import claim_inputs, claim_tables, job_settings
 
 
 def _cells(values):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gradinv.config import REPO_ROOT, job_settings, load, validate
+from gradinv.config import REPO_ROOT, load, validate
 from gradinv.io import write_json
+from gradinv.jobs import job_settings
 from gradinv.stages.client_time import report
 
 

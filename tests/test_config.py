@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gradinv.config import job_settings, load, validate
+from gradinv.config import load, validate
+from gradinv.jobs import job_settings
 from gradinv.settings import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

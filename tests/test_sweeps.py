@@ -16,9 +16,9 @@ from gradinv.config import (
     sweep_points,
     sweep_variant,
     table_models,
-    table_utility_runs,
     validate,
 )
+from gradinv.jobs import table_utility_runs
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points

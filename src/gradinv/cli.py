@@ -1,7 +1,7 @@
 """``gradinv <verb>``: the entry points that Snakemake's rules call, one verb per stage.
 
 Rules pass each job's settings as one JSON string (``--settings``), made from the validated
-params.yaml by :func:`gradinv.config.job_settings`; a verb never reads params.yaml itself, so
+params.yaml by :func:`gradinv.jobs.job_settings`; a verb never reads params.yaml itself, so
 Snakemake's ``--configfile`` overlays reach every job.
 """
 

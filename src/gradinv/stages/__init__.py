@@ -1,5 +1,5 @@
 """The pipeline's stages, one module each; every Snakemake rule calls one of them via the CLI.
 
-Each stage takes its settings (the JSON that :func:`gradinv.config.job_settings` made) and its
+Each stage takes its settings (the JSON that :func:`gradinv.jobs.job_settings` made) and its
 input and output paths, and writes its outputs atomically.
 """

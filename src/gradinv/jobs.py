@@ -1,0 +1,411 @@
+"""What the workflow asks of the config: each job's settings and the files it reads.
+
+Jobs get their settings as one JSON string (:func:`job_settings`) that Snakemake passes through
+``params:``, so that changing a value reruns exactly the jobs that read it. The other functions
+list a job's inputs beyond the path pattern of its rule (a generator, Refiner's evaluation
+network, the utility runs a table reads), for the rules in ``workflow/rules/`` and DVC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gradinv.config import (
+    attack_generator,
+    merge,
+    method_settings,
+    sweep_points,
+    table_batch_size,
+    table_models,
+    table_rounds,
+    table_victims,
+)
+
+
+def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:
+    """Attack ``attack``'s settings on ``dataset``: its block, with the ``attack_settings`` its
+    generator gives for its kind (GIFD's radii for StyleGAN2, say)."""
+    block = config["attacks"][attack]
+    name = attack_generator(config, attack, dataset)
+    if name is None:
+        return block
+    return {**block, **config["generators"][name].get("attack_settings", {}).get(block["kind"], {})}
+
+
+def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> list[str]:
+    """The generator file an attack job reads (empty for an attack without a generator)."""
+    from gradinv.generators.files import generator_path
+
+    name = attack_generator(config, attack, dataset)
+    if name is None:
+        return []
+    return [generator_path(name, config["generators"][name], dataset)]
+
+
+def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[str]:
+    """The files a client running ``defense`` reads besides the model and its data: Refiner's
+    evaluation network (rules train, capture, train_utility and the convergence study)."""
+    from gradinv.defenses import DEFENSES
+    from gradinv.metrics.noise_ratio import evaluation_network_path
+
+    if DEFENSES.get(config["defenses"][defense]["kind"]).needs_evaluation_network:
+        return [evaluation_network_path(dataset)]
+    return []
+
+
+def metric_assets(config: dict[str, Any], dataset: str) -> list[str]:
+    """The files the score stage reads to compute ``metrics.names``: the evaluation network of
+    the noise_ratio metric, unless ``metrics.evaluation_network`` names one."""
+    from gradinv.metrics.noise_ratio import evaluation_network_path
+
+    metrics = config["metrics"]
+    if "noise_ratio" in metrics["names"] and not metrics["evaluation_network"]:
+        return [evaluation_network_path(dataset)]
+    return []
+
+
+def evaluation_network_files(config: dict[str, Any]) -> list[str]:
+    """Every evaluation network the tables and training studies read (dvc.yaml's `evalnet`)."""
+    files = set()
+    for spec in config["tables"].values():
+        for dataset in spec["datasets"]:
+            files.update(metric_assets(config, dataset))
+            for defense in spec["defenses"]:
+                files.update(defense_assets(config, defense, dataset))
+    conv = config["convergence"]
+    for study, defenses in (
+        (config["utility"], config["utility"]["defenses"]),
+        (conv, [*conv["defenses"], *conv["clients_defenses"]]),
+    ):
+        for defense in defenses:
+            files.update(defense_assets(config, defense, study["dataset"]))
+    return sorted(files)
+
+
+def malicious_attacks(config: dict[str, Any]) -> list[str]:
+    """The attacks whose server changes the model it sends (Imprint): each has its own capture."""
+    from gradinv.attacks import ATTACKS
+
+    return [
+        name
+        for name, block in config["attacks"].items()
+        if ATTACKS.get(block["kind"]).server == "malicious"
+    ]
+
+
+def capture_file(config: dict[str, Any], w: Any) -> str:
+    """The capture an attack job reads: the honest server's, shared by every honest attack, or
+    its own for a malicious attack (made on the model it changed)."""
+    run = f"results/captures/{w.dataset}/{w.model}/{w.defense}/r{w.round}_b{w.bs}"
+    if w.attack in malicious_attacks(config):
+        return f"{run}/{w.attack}/victim{w.victim}.pt"
+    return f"{run}/victim{w.victim}.pt"
+
+
+def generator_names(config: dict[str, Any], trained: bool) -> str:
+    """A wildcard pattern of the generators that are trained here (or fetched), for the rules."""
+    from gradinv.generators import GENERATORS
+
+    names = [
+        name
+        for name, block in config.get("generators", {}).items()
+        if GENERATORS.get(block["kind"]).trainable == trained
+    ]
+    return "|".join(map(re.escape, names)) if names else "(?!)"
+
+
+def generator_files(config: dict[str, Any]) -> list[str]:
+    """Every generator file the tables' attacks read (dvc.yaml's `generators` stage)."""
+    return sorted(
+        {
+            path
+            for spec in config["tables"].values()
+            for attack in spec["attacks"]
+            for dataset in spec["datasets"]
+            for path in attack_generator_file(config, attack, dataset)
+        }
+    )
+
+
+def run_labels(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each defense's and attack's label (the paper's name), by run key."""
+    return {
+        kind: {k: block["label"] for k, block in config[kind].items()}
+        for kind in ("defenses", "attacks")
+    }
+
+
+def claim_tables(config: dict[str, Any]) -> list[str]:
+    """The results a claim may be checked on: every attack table, and the utility table."""
+    return [*config["tables"], "utility"]
+
+
+def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
+    """The result files the claims in ``claims_file`` read, of the tables this config builds."""
+    from gradinv.claims import load_claims, result_file
+
+    tables = {c.check.table for c in load_claims(claims_file)}
+    return sorted(str(result_file(t)) for t in tables & set(claim_tables(config)))
+
+
+def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
+    """The settings a job of ``stage`` reads, as canonical JSON (Snakemake's rerun trigger).
+
+    Only what changes a result is here. How a job runs (threads, the MLflow experiment, the
+    progress interval) reaches it through the environment, so changing it reruns nothing.
+    """
+    common = {
+        "seed": config["seed"],
+        "scale": config["scale"],
+        "device": config["device"],
+    }
+    if stage == "prepare":
+        src = config["data"]["sources"][w["dataset"]]
+        out = {"dataset": w["dataset"], "settings": method_settings(src), "seed": config["seed"]}
+        return _dump(out)
+    if stage == "generator":
+        return _dump(
+            {
+                **common,
+                "generator_name": w["generator"],
+                "generator": config["generators"][w["generator"]],
+                "dataset": w.get("dataset"),
+                "partition": config["partition"],
+            }
+        )
+    if stage == "evalnet":
+        return _dump(
+            {
+                **common,
+                "evaluation_network": method_settings(config["evaluation_network"]),
+                "dataset": w["dataset"],
+                "partition": config["partition"],
+            }
+        )
+    if stage == "partition":
+        return _dump({"partition": config["partition"], "seed": config["seed"]})
+    if stage == "convergence_partition":
+        return _dump({"partition": config["convergence"]["partition"], "seed": config["seed"]})
+    out = dict(common)
+    if stage == "convergence_train":
+        # The train stage's settings with the study's partition and FL setting (Figs. 7-8).
+        out = json.loads(job_settings(config, "train", **w))
+        out["partition"] = config["convergence"]["partition"]
+        out["fl"] = convergence_fl(config, int(w["k"]))
+        out["study"] = f"convergence k={w['k']}"
+        return _dump(out)
+    if stage == "utility_train":
+        # The train stage's settings with the utility study's FL setting and one final model.
+        out = json.loads(job_settings(config, "train", **w))
+        out["fl"] = utility_fl(config)
+        out["study"] = "utility"
+        return _dump(out)
+    if stage == "utility_report":
+        study = config["utility"]
+        return _dump(
+            {
+                **common,
+                "utility": study,
+                "fl": utility_fl(config),
+                "partition": config["partition"],
+                "defenses": {d: config["defenses"][d] for d in study["defenses"]},
+            }
+        )
+    if stage == "convergence_official":
+        # The train stage's settings with the loop of CENSOR's official code (no partition).
+        out = json.loads(job_settings(config, "train", **w))
+        loop = dict(config["convergence"]["official_loop"])
+        del loop["defenses"]
+        out["official_loop"] = {**loop, "eval_samples": config["fl"]["eval_samples"]}
+        out["partition"] = None
+        out["fl"] = None
+        out["study"] = "convergence, official code's loop"
+        return _dump(out)
+    if stage == "public_report":
+        spec = config["tables"]["fig10_public"]
+        public = [d for d in spec["defenses"] if config["defenses"][d].get("source") == "public"]
+        return _dump(
+            {
+                **common,
+                "title": spec["title"],
+                "public_defense": public[0] if public else None,
+                "defenses": {d: config["defenses"][d] for d in spec["defenses"]},
+            }
+        )
+    if stage == "claims":
+        tables = config["tables"]
+        return _dump(
+            {
+                **common,
+                "tables": claim_tables(config),
+                # the published numbers, to check each claim's encoding on the paper's own table
+                "references": {
+                    t: spec["reference"] for t, spec in tables.items() if spec["reference"]
+                },
+                "labels": run_labels(config),
+            }
+        )
+    if stage == "client_time":
+        # A train job's settings (model, defense, its evaluation network) with the study's.
+        out = json.loads(job_settings(config, "train", **w))
+        del out["partition"]  # the batch is the training split's, not a client's
+        return _dump(out | {"client_time": config["client_time"]})
+    if stage == "client_time_report":
+        study = config["client_time"]
+        return _dump(
+            {
+                **common,
+                "client_time": study,
+                "labels": run_labels(config)["defenses"],
+                "models": {m: config["models"][m] for m in study["models"]},
+            }
+        )
+    if stage == "frontier":
+        return _dump(
+            {
+                **common,
+                "sweep_points": sweep_points(config),
+                "labels": run_labels(config)["defenses"],
+            }
+        )
+    if stage == "convergence_report":
+        conv = config["convergence"]
+        return _dump(
+            {
+                **common,
+                "convergence": conv,
+                "fl": convergence_fl(config, convergence_curves_k(config)),
+                "labels": {d: config["defenses"][d]["label"] for d in config["defenses"]},
+                "defenses": {
+                    d: config["defenses"][d]
+                    for d in {
+                        *conv["defenses"],
+                        *conv["clients_defenses"],
+                        *conv.get("official_loop", {}).get("defenses", []),
+                    }
+                },
+            }
+        )
+    if stage in ("train", "capture"):
+        out |= {
+            "model": config["models"][w["model"]],
+            "model_name": w["model"],
+            "defense": config["defenses"][w["defense"]],
+            "defense_name": w["defense"],
+            "partition": config["partition"],
+            "dataset": w["dataset"],
+            "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
+        }
+        # Refiner's evaluation network, only for a defense that reads one (so that adding it
+        # reruns no other defense's jobs)
+        for path in defense_assets(config, w["defense"], w["dataset"]):
+            out["evaluation_network"] = path
+    if stage == "train":
+        out["fl"] = config["fl"]
+    elif stage == "capture":
+        out |= {
+            "fl": config["fl"],
+            "threat_model": config["threat_model"],
+            "capture": config["capture"],
+        }
+        if "attack" in w:  # a malicious server's capture: the model its attack changed
+            from gradinv.attacks import ATTACKS
+
+            block = config["attacks"][w["attack"]]
+            fields = ATTACKS.get(block["kind"]).modification_fields
+            out["malicious"] = {"kind": block["kind"]} | {f: block[f] for f in fields if f in block}
+    elif stage == "attack":
+        out |= {
+            "attack": config["attacks"][w["attack"]],
+            "attack_name": w["attack"],
+            "threat_model": config["threat_model"],
+        }
+        name = attack_generator(config, w["attack"], w.get("dataset", ""))
+        if name is not None:
+            out |= {
+                "attack": attack_block(config, w["attack"], w["dataset"]),
+                "generator_name": name,
+                "generator": config["generators"][name],
+                "dataset": w["dataset"],
+            }
+    elif stage == "score":
+        out |= {
+            "metrics": config["metrics"],
+            "attack": attack_block(config, w["attack"], w["dataset"]),
+            "attack_name": w["attack"],
+            "defense": config["defenses"][w["defense"]],
+            "defense_name": w["defense"],
+            "dataset": w["dataset"],
+            "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
+            "threat_model": config["threat_model"],
+        }
+    elif stage == "table":
+        table = config["tables"][w["table"]]
+        if table_utility_runs(config, w["table"]):  # the table shows accuracy or PMM
+            out["utility"] = {"fl": utility_fl(config), **config["utility"]}
+        if "tradeoff" in table:  # its figure draws a line per sweep
+            points = sweep_points(config)
+            out["sweep_points"] = {d: points[d] for d in table["defenses"] if d in points}
+        out |= {
+            "table": table,
+            "table_name": w["table"],
+            "labels": run_labels(config),
+            "attacks": config["attacks"],
+            "defenses": {
+                d: config["defenses"][d] for d in config["tables"][w["table"]]["defenses"]
+            },
+            "rounds": table_rounds(config, w["table"]),
+            "victims": table_victims(config, w["table"]),
+            "models": config["models"],
+            "capture": {**config["capture"], "batch_size": table_batch_size(config, w["table"])},
+            "fl": config["fl"],
+            "threat_model": config["threat_model"],
+        }
+    else:
+        raise ValueError(f"no job settings for stage {stage!r}")
+    return _dump(out)
+
+
+TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
+
+
+def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
+    """The utility study's training runs a table reads when it shows what its defenses cost
+    (metrics accuracy or pmm): one per dataset and defense, and no defense's for PMM."""
+    spec = config["tables"][table]
+    if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
+        return []
+    defenses = list(dict.fromkeys([*spec["defenses"], "none"]))
+    return [
+        f"results/utility/{d}/{m}/{f}/summary.json"
+        for d in spec["datasets"]
+        for m in table_models(config, table)
+        for f in defenses
+    ]
+
+
+def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, Any]:
+    """``fl`` updated with ``convergence.fl``, ``clients_per_round`` and a final checkpoint."""
+    fl = merge(config["fl"], config["convergence"]["fl"])
+    fl["clients_per_round"] = clients_per_round
+    fl["checkpoint_rounds"] = [fl["rounds"]]
+    return fl
+
+
+def utility_fl(config: dict[str, Any]) -> dict[str, Any]:
+    """``fl`` updated with ``utility.fl`` and a checkpoint after the last round only."""
+    fl = merge(config["fl"], config["utility"]["fl"])
+    fl["checkpoint_rounds"] = [fl["rounds"]]
+    return fl
+
+
+def convergence_curves_k(config: dict[str, Any]) -> int:
+    """Clients per round of the Figs. 7-8 curves: ``convergence.fl``, else ``fl``."""
+    return int(merge(config["fl"], config["convergence"]["fl"])["clients_per_round"])
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
