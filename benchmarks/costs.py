@@ -2,6 +2,14 @@
 
     python benchmarks/costs.py [--paper-config workflow/configs/paper.yaml] [--configfile F ...]
         [--measure-iterations [--iterations N] [--repeats R] [--slow S] [--threads T]]
+    python benchmarks/costs.py --remaining [--cores N] [--project DIR] [--configfile F ...]
+
+``--remaining`` answers "how long until ``all`` finishes here?" for a run under way or stopped:
+the jobs a plain dry run still lists, each with its seconds as below (measured where an earlier
+run of the same output left a measurement, else the median of the finished jobs of its kind),
+and the wall time on ``--cores`` cores at best: the larger of the job-seconds over the cores and
+the longest job left. A job that saved progress (``results/.progress``) counts in full.
+``--project`` reads another checkout (the one a long run works in) with its own Snakefile.
 
 Jobs. For each configuration (params.yaml, with ``--configfile`` overlays; then params.yaml with
 the paper overlay) ``snakemake -n --forceall`` lists every job of the default target ``all``
@@ -223,6 +231,40 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- what is left
+def remaining(full: Dag, left: list[Job], costs: dict[int, Cost], cores: int) -> str:
+    """What is left of ``all`` here, per rule, as Markdown: ``left`` are the jobs a plain dry run
+    lists, ``costs`` the seconds of every job of the ``--forceall`` dry run ``full``."""
+    by_output = {path: job for job in full.jobs for path in job.output}
+    rules: dict[str, list[float | None]] = {}
+    for job in left:
+        if job.output:
+            rules.setdefault(job.rule, []).append(costs[by_output[job.output[0]].jobid].seconds)
+    known = [s for seconds in rules.values() for s in seconds if s is not None]
+    unknown = sum(s is None for seconds in rules.values() for s in seconds)
+    total, longest = sum(known), max(known, default=0.0)
+    bound = "≥ " if unknown else ""
+    lines = [
+        f"# What is left of `all` here: {sum(map(len, rules.values()))} jobs",
+        "",
+        "| rule | jobs | job-seconds | unmeasured jobs |",
+        "|---|---|---|---|",
+    ]
+    for rule, seconds in sorted(rules.items(), key=lambda r: -sum(s or 0 for s in r[1])):
+        missing = sum(s is None for s in seconds)
+        shown = fmt_seconds(sum(s for s in seconds if s is not None))
+        if missing:
+            shown = "unmeasured" if missing == len(seconds) else f"≥ {shown}"
+        lines.append(f"| {rule} | {len(seconds)} | {shown} | {missing} |")
+    lines += [
+        "",
+        f"Job-seconds left: {bound}{fmt_seconds(total)}; the longest job left: "
+        f"{fmt_seconds(longest)}. Wall time on {cores} cores: {bound}"
+        f"{fmt_seconds(max(total / cores, longest))} at best.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------- main
 def main() -> int:
     import torch
@@ -235,8 +277,18 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--slow", type=float, default=5.0, help="a call this slow is timed once")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--remaining", action="store_true", help="what is left of `all` here")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="with --remaining")
+    p.add_argument("--project", type=Path, default=ROOT, help="with --remaining: its checkout")
     a = p.parse_args()
     os.chdir(ROOT)
+    if a.remaining:
+        project = a.project.resolve()
+        full = Dag(parse_dry_run(dry_run(a.configfile, cwd=project)))
+        text = dry_run(a.configfile, cwd=project, forceall=False)
+        left = [] if "Nothing to be done" in text else parse_dry_run(text)
+        print(remaining(full, left, default_costs(full.jobs, project), a.cores))
+        return 0
 
     default = Dag(parse_dry_run(dry_run(a.configfile)))
     rows = default_rows(default, default_costs(default.jobs, ROOT))

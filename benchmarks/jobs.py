@@ -109,9 +109,17 @@ def job_stats(text: str) -> Counter[str] | None:
     return counts
 
 
-def dry_run(configfiles: Iterable[str] = (), target: str | None = None, cwd: Path = ROOT) -> str:
-    """``snakemake -n --forceall`` of ``target`` (default: the Snakefile's default target)."""
-    cmd = [sys.executable, "-m", "snakemake", "-n", "--forceall", "--nocolor"]
+def dry_run(
+    configfiles: Iterable[str] = (),
+    target: str | None = None,
+    cwd: Path = ROOT,
+    forceall: bool = True,
+) -> str:
+    """``snakemake -n --forceall`` of ``target`` (default: the Snakefile's default target);
+    without ``forceall``, only the jobs still to run here."""
+    # --nolock: a dry run writes nothing, and may look at a run under way
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--nolock", "--nocolor"]
+    cmd += ["--forceall"] if forceall else []
     cmd += [target] if target else []
     configfiles = list(configfiles)
     if configfiles:

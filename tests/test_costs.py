@@ -309,3 +309,19 @@ def test_a_sweeps_variant_is_estimated_from_its_base_defense(tmp_path):
     assert got[2].seconds == 1500 and got[2].kind == "estimated"
     assert "its sweep's base defense" in got[2].how
     assert got[3].seconds is None and got[4].seconds is None
+
+
+def test_what_is_left_counts_the_jobs_still_to_run_with_their_measured_or_estimated_seconds(
+    tmp_path,
+):
+    full = jobs.Dag(jobs.parse_dry_run(dry_run_text(SHARED)))
+    # training x and table a are done; y reruns (its settings changed since its measured run)
+    left = [job for job in full.jobs if job.jobid in (0, 2, 5, 6)]
+    write_tsv(tmp_path, "results/benchmarks/train/x.tsv", 50)
+    write_tsv(tmp_path, "results/benchmarks/train/y.tsv", 40)
+    text = costs.remaining(full, left, default_scale.default_costs(full.jobs, tmp_path), cores=2)
+    assert text.startswith("# What is left of `all` here: 3 jobs")  # `all` itself is no work
+    assert "| train | 1 | 40 s | 0 |" in text
+    assert "| report | 1 | unmeasured | 1 |" in text and "| claims | 1 | unmeasured | 1 |" in text
+    # two cores cannot finish sooner than the longest job: 40 s, not 40 / 2
+    assert text.rstrip().endswith("Wall time on 2 cores: ≥ 40 s at best.")
