@@ -13,7 +13,13 @@
 #   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.config import (
+    table_batch_size,
+    table_models,
+    table_rounds,
+    table_runs,
+    table_victims,
+)
 from gradinv.jobs import (
     attack_generator_file,
     capture_file,

@@ -160,7 +160,7 @@ tables:
   frontier_runs: {sweeps: [noise_std], attacks: [ig, ig_eot], victims: 1,
                   metrics: [psnr, ssim, pmm], tradeoff: pmm}
 sweeps:
-  noise_std: {values: [0.001, 0.1]}
+  noise_std: {values: [0.001, 0.01]}  # 0.01 is noise's own std: that point reads noise's runs
 client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size: 4, repeats: 2}
 """
 
@@ -168,7 +168,8 @@ client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size
 @pytest.mark.slow
 def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path):
     """Issue 9's new kinds of target in one Snakemake run: a sweep's variants (names with a
-    dot) trained, attacked and given their own utility runs; a table over two models; the
+    dot) trained, attacked and given their own utility runs, the one at its base's value read
+    from the base's runs; a table over two models; the
     frontier from the strongest attack per metric; Refiner's Table 4 from timed client updates."""
     root = workflow_copy(tmp_path)
     (root / "tests/configs/sweeps.yaml").write_text(SWEEPS_OVERLAY)
@@ -178,8 +179,12 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     frontier = pd.read_csv(root / "results/frontier.csv").set_index("defense")
-    assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.1"]
-    assert list(frontier["value"].iloc[1:]) == [0.001, 0.1]
+    assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
+    assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
+    # the point at the base's value ran once, as the base, and is shown under its own name
+    assert (root / "results/utility/patches/cnn3/noise/summary.json").is_file()
+    assert not list((root / "results").rglob("noise-std0.01"))
+    assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
     assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
     assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
     assert (root / "results/frontier.png").stat().st_size > 0

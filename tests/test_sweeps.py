@@ -13,9 +13,11 @@ import torch
 from gradinv.config import (
     REPO_ROOT,
     load,
+    shared_runs,
     sweep_points,
     sweep_variant,
     table_models,
+    table_runs,
     validate,
 )
 from gradinv.jobs import table_utility_runs
@@ -89,6 +91,28 @@ def test_a_variant_clashing_with_a_defined_block_is_an_error(base):
     config["defenses"]["noise-std0.1"] = {**config["defenses"]["noise"], "std": 0.5}
     with pytest.raises(ConfigError, match=r"'noise-std0\.1' is also defined"):
         validate(config)
+
+
+def test_a_sweep_point_at_its_bases_value_reads_the_bases_runs(base):
+    shared = shared_runs(base)
+    assert base["defenses"]["noise"]["std"] == 0.01 and shared["noise-std0.01"] == "noise"
+    assert "noise-std0.1" not in shared and "noise" not in shared
+    # Refiner's Tables 5-8 and 10 sweep one base: their default rows are one run
+    for point in ("beta1", "alpha0.5", "tau0.95", "iterations10", "element_weighttrue"):
+        assert shared[f"refiner_e01-{point}"] == "refiner_e01"
+    assert table_runs(base, "refiner_table5_beta") == [
+        "refiner_e01-beta0.001",
+        "refiner_e01",
+        "refiner_e01-beta1000",
+    ]
+    fig6 = table_runs(base, "refiner_fig6")
+    assert "noise" in fig6 and "noise-std0.01" not in fig6
+    assert len(fig6) == len(set(fig6))
+    runs = table_utility_runs(base, "refiner_table5_beta")
+    assert "results/utility/patches/lenet/refiner_e01/summary.json" in runs
+    assert not any("refiner_e01-beta1/" in r for r in runs)
+    # a block defined under its own name runs under it, whatever its settings
+    assert "noise_1e2" not in shared and base["defenses"]["noise_1e2"]["std"] == 0.01
 
 
 def test_a_table_over_several_models_reads_each_models_training_runs(base):

@@ -511,3 +511,42 @@ def test_the_tradeoff_lines_follow_each_sweeps_order_and_keep_sweeps_apart():
     assert lines["r-beta1"][0] == lines["r-beta10"][0] == "Refiner (beta sweep)"
     assert lines["r-tau0.5"][0] == "Refiner (tau sweep)"
     assert lines["r"] == ("Refiner", 6) and lines["none"] == ("No Defense", 0)
+
+
+def test_a_sweep_point_read_from_its_bases_runs_is_a_row_of_its_own(tmp_path, monkeypatch):
+    """Refiner's Tables 5-8: the default row (β=1) is the base's run, shown under its label."""
+    monkeypatch.setitem(LABELS, "noise-std0.1", "Noise std=0.1")
+    records = [
+        run(d, "ig", v, psnr=p + v)
+        for d, p in (("noise", 20.0), ("noise-std0.1", 12.0))
+        for v in range(2)
+    ]
+    pmm = {
+        ("patches", "resnet18", "noise"): (0.9, ""),
+        ("patches", "resnet18", "noise-std0.1"): (0.6, ""),
+    }
+    out = render_table(
+        "sweep",
+        write(tmp_path, records),
+        tmp_path,
+        attacks=["ig"],
+        defenses=["noise-std0.01", "noise-std0.1"],  # the base is no row: read for std 0.01
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        metrics=["psnr", "pmm"],
+        training={"pmm": pmm},
+        shared={"noise-std0.01": ("noise", "Noise std=0.01")},
+    )
+    cells = pd.read_csv(out["cells"]).set_index(["defense", "metric"])
+    assert list(dict.fromkeys(cells.index.get_level_values("defense"))) == [
+        "noise-std0.01",
+        "noise-std0.1",
+    ]
+    assert cells.loc[("noise-std0.01", "psnr"), "mean"] == 20.5
+    assert cells.loc[("noise-std0.01", "psnr"), "defense_label"] == "Noise std=0.01"
+    assert cells.loc[("noise-std0.01", "pmm"), "mean"] == 0.9  # the base's training run
+    assert cells.loc[("noise-std0.1", "psnr"), "mean"] == 12.5
+    text = out["markdown"].read_text(encoding="utf-8")
+    assert "runs outside this table" not in text  # the base's files are this table's

@@ -211,6 +211,26 @@ def sweep_points(config: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
     }
 
 
+def shared_runs(config: dict[str, Any]) -> dict[str, str]:
+    """The sweep points that are their base defense, by run key: a point whose value is the
+    base's own (``noise-std0.01`` where ``noise`` has std 0.01) reads the base's runs, so one
+    setting runs once and every table shows the same numbers for it (Refiner's Tables 5-8 share
+    their default row). A defense defined under its own name always runs under it."""
+    defenses = config["defenses"]
+    return {
+        variant: base
+        for variant, (base, setting, value) in sweep_points(config).items()
+        if defenses[base].get(setting) == value
+    }
+
+
+def table_runs(config: dict[str, Any], table: str) -> list[str]:
+    """The defenses whose runs table ``table`` reads: its defenses, a shared sweep point
+    replaced by its base (:func:`shared_runs`), each once, in the table's order."""
+    shared = shared_runs(config)
+    return list(dict.fromkeys(shared.get(d, d) for d in config["tables"][table]["defenses"]))
+
+
 def expand_sweeps(config: dict[str, Any], source: str) -> None:
     """Add a defense block for each value of each sweep (``sweeps:``), and each table's swept
     variants (its ``sweeps:``) to its defenses, in place: everything downstream sees ordinary

@@ -17,10 +17,12 @@ from gradinv.config import (
     attack_generator,
     merge,
     method_settings,
+    shared_runs,
     sweep_points,
     table_batch_size,
     table_models,
     table_rounds,
+    table_runs,
     table_victims,
 )
 
@@ -349,6 +351,9 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         if "tradeoff" in table:  # its figure draws a line per sweep
             points = sweep_points(config)
             out["sweep_points"] = {d: points[d] for d in table["defenses"] if d in points}
+        shared = shared_runs(config)
+        # the sweep points read from their base's runs (the report shows them under each name)
+        out["shared_runs"] = {d: shared[d] for d in table["defenses"] if d in shared}
         out |= {
             "table": table,
             "table_name": w["table"],
@@ -378,7 +383,7 @@ def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
     spec = config["tables"][table]
     if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
         return []
-    defenses = list(dict.fromkeys([*spec["defenses"], "none"]))
+    defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
     return [
         f"results/utility/{d}/{m}/{f}/summary.json"
         for d in spec["datasets"]

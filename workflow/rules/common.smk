@@ -24,7 +24,7 @@ def table_jobs(table, stage, ext):
         f"results/{stage}/{{dataset}}/{{model}}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
         dataset=spec["datasets"],
         model=table_models(config, table),
-        defense=spec["defenses"],
+        defense=table_runs(config, table),  # a sweep point at its base's value reads the base's
         round=table_rounds(config, table),
         attack=spec["attacks"],
         victim=range(table_victims(config, table)),
@@ -38,7 +38,7 @@ def table_victims_files(table):
         f"results/victims/{d}/b{bs}/victim{v}.pt"
         for d in spec["datasets"]
         for _ in table_models(config, table)
-        for _ in spec["defenses"]
+        for _ in table_runs(config, table)
         for _ in table_rounds(config, table)
         for _ in spec["attacks"]
         for v in range(table_victims(config, table))

@@ -35,6 +35,7 @@ def run(
         *(["round"] if len(rounds) > 1 else []),
     )
     sweep = _sweep(spec.get("x_axis"), settings["defenses"], rounds)
+    labels, shared = settings["labels"]["defenses"], settings["shared_runs"]
     attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
     setting = {
         "scale": settings["scale"],
@@ -79,7 +80,11 @@ def run(
         tradeoff=_tradeoff(spec.get("tradeoff"), settings),
         training=_training(spec, summaries, settings),
         models=models,
+        shared={d: (run, labels[d]) for d, run in shared.items()},
     )
+    shown: dict[str, list[str]] = {}  # each run's grid rows: the table's defenses that read it
+    for d in spec["defenses"]:
+        shown.setdefault(shared.get(d, d), []).append(labels[d])
     _grid(
         metric_files,
         reconstructions,
@@ -87,6 +92,7 @@ def run(
         out_dir / "figures" / f"{name}_grid.png",
         rounds,
         several_models=len(models) > 1,
+        shown=shown,
         caption=figure_caption(
             f"{spec['title']}: reconstructions", settings["scale"], f"{name}.md"
         ),
@@ -147,24 +153,27 @@ def _grid(
     *,
     caption: str,
     several_models: bool = False,
+    shown: dict[str, list[str]] | None = None,
 ) -> None:
-    """Original vs reconstructed images, one row per defense and attack (first image of a batch)."""
+    """Original vs reconstructed images, one row per defense and attack (first image of a batch);
+    ``shown`` gives the labels a defense's runs appear under (a shared run: several)."""
     entries = []
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
         row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
-        entries.append(
-            GridEntry(
-                dataset=row["dataset_label"],
-                # One grid row per round too when the table spans rounds (Table V).
-                defense_label=(f"{row['model']}: " if several_models else "")
-                + row["defense_label"]
-                + (f", round {row['round']}" if len(rounds) > 1 else ""),
-                attack_label=row["attack_label"],
-                victim=row["victim"],
-                original=secret["images"][0],
-                reconstruction=rec["images"][0] if rec["status"] == "ok" else None,
+        for label in (shown or {}).get(row["defense"], [row["defense_label"]]):
+            entries.append(
+                GridEntry(
+                    dataset=row["dataset_label"],
+                    # One grid row per round too when the table spans rounds (Table V).
+                    defense_label=(f"{row['model']}: " if several_models else "")
+                    + label
+                    + (f", round {row['round']}" if len(rounds) > 1 else ""),
+                    attack_label=row["attack_label"],
+                    victim=row["victim"],
+                    original=secret["images"][0],
+                    reconstruction=rec["images"][0] if rec["status"] == "ok" else None,
+                )
             )
-        )
     reconstruction_grid(entries, out, caption)
 
 

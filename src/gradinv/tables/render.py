@@ -21,7 +21,7 @@ from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
 from gradinv.tables.figures import figure_caption, sweep_figure, table_figure, tradeoff_figure
-from gradinv.tables.files import DEFAULT_METRICS, collect, unavailable_column
+from gradinv.tables.files import DEFAULT_METRICS, JOB_KEYS, collect, unavailable_column
 from gradinv.tables.markdown import render_markdown
 
 FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
@@ -70,6 +70,23 @@ def _scales(df: pd.DataFrame, setting: Mapping[str, Any]) -> set[str]:
     return scales
 
 
+def _with_shared_runs(
+    df: pd.DataFrame, shared: Mapping[str, tuple[str, str]], defenses: Sequence[str]
+) -> pd.DataFrame:
+    """The runs with a copy of the shared ones under each defense that reads them, with its
+    label (``source`` still names the file); a run read only through such a defense is not a
+    row of its own."""
+    if not shared:
+        return df
+    copies = [
+        df[df["defense"] == run].assign(defense=defense, defense_label=label)
+        for defense, (run, label) in shared.items()
+    ]
+    only_shared = {run for run, _ in shared.values()} - set(defenses)
+    df = pd.concat([df[~df["defense"].isin(only_shared)], *copies], ignore_index=True)
+    return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)
+
+
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
     """What the files themselves say produced them, appended to the caller's setting."""
     out = {"metrics files": str(len(df))}
@@ -101,6 +118,7 @@ def render_table(
     tradeoff: Tradeoff | None = None,
     training: Mapping[str, Mapping[tuple[str, str, str], tuple[float | None, str]]] | None = None,
     models: Sequence[str] | None = None,
+    shared: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv``, ``<name>_cells.csv`` (the
     long table: one line per cell, what ``workflow/claims.yaml`` is checked against) and
@@ -116,12 +134,16 @@ def render_table(
     ``tradeoff`` it plots utility against privacy, a line per defense's sweep. ``training``
     gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
     failure reason or ""), from the defenses' FL training runs rather than the metrics files.
+    ``shared`` names the defenses shown from another's runs, with that defense and their label
+    (a sweep point at its base's value: :func:`gradinv.config.shared_runs`).
     """
     out_dir = Path(out_dir)
-    training = training or {}
+    training, shared = training or {}, shared or {}
     df = collect(metric_files, metrics=[m for m in metrics if m not in training])
+    df = _with_shared_runs(df, shared, defenses)
+    runs_read = df["defense"].map(lambda d: shared.get(d, (d,))[0])  # whose training run
     for metric, values in training.items():
-        runs = [values[key] for key in zip(df["dataset"], df["model"], df["defense"], strict=True)]
+        runs = [values[k] for k in zip(df["dataset"], df["model"], runs_read, strict=True)]
         df[metric] = [math.nan if v is None else float(v) for v, _ in runs]
         df[f"{metric}_failure"] = [failure for _, failure in runs]
         df[unavailable_column(metric)] = False
