@@ -35,6 +35,6 @@ rule trained_models:
                 for name, t in config["tables"].items()
                 for d in t["datasets"]
                 for m in table_models(config, name)
-                for f in t["defenses"]
+                for f in table_runs(config, name)
             }
         ),
