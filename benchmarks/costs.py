@@ -9,7 +9,9 @@ the jobs a plain dry run still lists, each with its seconds as below (measured w
 run of the same output left a measurement, else the median of the finished jobs of its kind),
 and the wall time on ``--cores`` cores at best: the larger of the job-seconds over the cores and
 the longest job left. A job that saved progress (``results/.progress``) counts in full.
-``--project`` reads another checkout (the one a long run works in) with its own Snakefile.
+``--project`` reads another checkout (the one a long run works in) with its own Snakefile; put
+that checkout's ``src`` first on ``PYTHONPATH`` (as the run itself must), else its Snakefile is read
+with this checkout's ``gradinv`` and a job whose settings differ between the two shows as left.
 
 Jobs. For each configuration (params.yaml, with ``--configfile`` overlays; then params.yaml with
 the paper overlay) ``snakemake -n --forceall`` lists every job of the default target ``all``

@@ -245,3 +245,20 @@ def test_dcs2_count_protects_the_first_samples_and_noise_follows_the_concealment
     out = noisy._noised(grads, torch.Generator().manual_seed(0))["w"]
     assert 0.09 < float(out.std()) < 0.11
     assert one._noised(grads, torch.Generator())["w"] is grads["w"]  # no noise: untouched
+
+
+def test_a_frontier_panel_without_pmm_says_so_not_that_its_metric_is_missing(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    texts = []
+    real = matplotlib.axes.Axes.text
+
+    def text(self, x, y, s, *args, **kwargs):  # what each panel writes
+        texts.append(s)
+        return real(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", text)
+    cells = _cells([("none", "ig", "psnr", 20.0), ("none", "ig", "pmm", None)])
+    draw(frontier_points(cells, {}, {"none": "No Defense"}), tmp_path / "f.png", {"scale": "paper"})
+    assert any(t.startswith("no PMM") for t in texts)  # PSNR is there; PMM is not
+    assert not any(t.startswith("PSNR unavailable") for t in texts)

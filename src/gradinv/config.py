@@ -217,11 +217,16 @@ def shared_runs(config: dict[str, Any]) -> dict[str, str]:
     setting runs once and every table shows the same numbers for it (Refiner's Tables 5-8 share
     their default row). A defense defined under its own name always runs under it."""
     defenses = config["defenses"]
-    return {
+    shared = {
         variant: base
         for variant, (base, setting, value) in sweep_points(config).items()
         if defenses[base].get(setting) == value
     }
+    for variant, base in shared.items():  # a sweep of a sweep's point: back to the first base
+        while base in shared:
+            base = shared[base]
+        shared[variant] = base
+    return shared
 
 
 def table_runs(config: dict[str, Any], table: str) -> list[str]:

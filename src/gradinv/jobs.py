@@ -379,7 +379,8 @@ TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL trainin
 
 def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
     """The utility study's training runs a table reads when it shows what its defenses cost
-    (metrics accuracy or pmm): one per dataset and defense, and no defense's for PMM."""
+    (metrics accuracy or pmm): one per dataset, model and run the table reads (a shared sweep
+    point's base), and no defense's for PMM."""
     spec = config["tables"][table]
     if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
         return []

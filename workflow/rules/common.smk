@@ -24,7 +24,7 @@ def table_jobs(table, stage, ext):
         f"results/{stage}/{{dataset}}/{{model}}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
         dataset=spec["datasets"],
         model=table_models(config, table),
-        defense=table_runs(config, table),  # a sweep point at its base's value reads the base's
+        defense=table_runs(config, table),  # a sweep point at its base's value: the base's runs
         round=table_rounds(config, table),
         attack=spec["attacks"],
         victim=range(table_victims(config, table)),

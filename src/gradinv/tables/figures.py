@@ -269,6 +269,8 @@ def draw_tradeoff(
             ax.set_xlabel(x_label)
             # a point needs both values: a failed utility run leaves its defense without x
             drawn = panel.dropna(subset=["x", "y"])
+            if drawn.empty and panel["y"].notna().any():
+                panel = panel.assign(note=f"no {x_label} for any point: see the table's notes")
             if _say_why_empty(ax, panel.assign(mean=drawn["y"])):
                 continue
             for name, line in drawn.groupby("line", sort=False):
@@ -277,13 +279,14 @@ def draw_tradeoff(
         for ax in axes.flat:  # every line, whichever panels it has points in
             for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
                 legend.setdefault(label, handle)
-        fig.legend(
-            list(legend.values()),
-            list(legend),
-            loc="upper center",
-            ncol=min(len(legend), 4),
-            frameon=False,
-        )
+        if legend:  # none when no panel has a point (every utility run failed)
+            fig.legend(
+                list(legend.values()),
+                list(legend),
+                loc="upper center",
+                ncol=min(len(legend), 4),
+                frameon=False,
+            )
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
         save_figure(fig, out_path, caption)
 

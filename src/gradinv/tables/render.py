@@ -89,7 +89,7 @@ def _with_shared_runs(
 
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
     """What the files themselves say produced them, appended to the caller's setting."""
-    out = {"metrics files": str(len(df))}
+    out = {"metrics files": str(df["source"].nunique())}  # a shared run's rows: one file
     for key in ("git_commit", "config_hash", "data_sha256"):
         if key in df.columns:
             values = sorted({str(v) for v in df[key].dropna()})
@@ -141,9 +141,10 @@ def render_table(
     training, shared = training or {}, shared or {}
     df = collect(metric_files, metrics=[m for m in metrics if m not in training])
     df = _with_shared_runs(df, shared, defenses)
-    runs_read = df["defense"].map(lambda d: shared.get(d, (d,))[0])  # whose training run
+    # the defense whose FL training run a row's accuracy and PMM come from: its own, or its base's
+    trained = df["defense"].map(lambda d: shared[d][0] if d in shared else d)
     for metric, values in training.items():
-        runs = [values[k] for k in zip(df["dataset"], df["model"], runs_read, strict=True)]
+        runs = [values[k] for k in zip(df["dataset"], df["model"], trained, strict=True)]
         df[metric] = [math.nan if v is None else float(v) for v, _ in runs]
         df[f"{metric}_failure"] = [failure for _, failure in runs]
         df[unavailable_column(metric)] = False
