@@ -115,6 +115,18 @@ def test_a_sweep_point_at_its_bases_value_reads_the_bases_runs(base):
     assert "noise_1e2" not in shared and base["defenses"]["noise_1e2"]["std"] == 0.01
 
 
+def test_a_sweep_of_a_shared_point_reads_the_first_bases_runs():
+    noise = {"kind": "gaussian_noise", "std": 0.01}
+    config = {
+        "defenses": {"noise": noise, "noise-std0.01": noise, "noise-std0.01-std0.01": noise},
+        "sweeps": {
+            "a": {"defense": "noise", "setting": "std", "values": [0.01]},
+            "b": {"defense": "noise-std0.01", "setting": "std", "values": [0.01]},
+        },
+    }
+    assert shared_runs(config) == {"noise-std0.01": "noise", "noise-std0.01-std0.01": "noise"}
+
+
 def test_a_table_over_several_models_reads_each_models_training_runs(base):
     assert table_models(base, "cvb_table5") == ["cnn3", "resnet18_gn", "vit"]
     assert table_models(base, "table1") == ["cnn3"]
