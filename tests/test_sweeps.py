@@ -154,6 +154,7 @@ def _cells(rows):
         [
             {
                 "dataset": "p",
+                "dataset_label": "P",
                 "defense": d,
                 "defense_label": d,
                 "attack": a,

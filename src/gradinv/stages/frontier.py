@@ -43,6 +43,7 @@ def frontier_points(
         base, setting, value = sweeps.get(defense, (defense, "", None))
         row: dict[str, Any] = {
             "dataset": dataset,
+            "dataset_label": group["dataset_label"].iloc[0],
             "defense": defense,
             "defense_label": group["defense_label"].iloc[0],
             "base": base,
@@ -77,7 +78,7 @@ def draw(frontier: pd.DataFrame, out: Path, settings: dict[str, Any]) -> None:
     points = pd.concat(
         [
             ordered.assign(
-                facet=ordered["dataset"],
+                facet=ordered["dataset_label"],
                 metric=metric,
                 attack_label="strongest attack",
                 line=ordered["base_label"],
