@@ -85,20 +85,20 @@ def test_a_deferred_run_reaches_mlflow_at_the_flush_and_a_failed_flush_is_report
     )
     assert pending is not None and not db.exists()  # saved beside the store, not logged
 
-    from gradinv import tracking
+    from gradinv import mlflow_store
 
     def refuse(*args, **kwargs):
         raise OSError("store refused")
 
-    write_run = tracking._write_run
-    monkeypatch.setattr(tracking, "_write_run", refuse)  # the flush fails ...
+    write_run = mlflow_store.write_run
+    monkeypatch.setattr(mlflow_store, "write_run", refuse)  # the flush fails ...
     assert stage_tracking.flush() == 0
     lines = (tmp_path / "results/logs/tracking-failures.log").read_text().splitlines()
     assert [json.loads(line)["job"] for line in lines] == ["train/x"]  # ... and says which run
     assert "was not logged" in capsys.readouterr().err
     assert Path(pending).exists()  # still pending
 
-    monkeypatch.setattr(tracking, "_write_run", write_run)
+    monkeypatch.setattr(mlflow_store, "write_run", write_run)
     assert stage_tracking.flush() == 1
     with sqlite3.connect(db) as con:
         keys = con.execute("select value from tags where key = 'gradinv.job_key'").fetchall()

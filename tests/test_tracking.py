@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradinv import tracking
+from gradinv import mlflow_store, tracking
 from gradinv.tracking import JOB_KEY_TAG, TrackingWarning
 
 pytest.importorskip("mlflow")
@@ -265,11 +265,11 @@ def test_locked_database_is_retried(store: Path, monkeypatch: pytest.MonkeyPatch
             raise RuntimeError("wrapped") from sqlite3.OperationalError("database is locked")
         return "ok"
 
-    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
-    assert tracking._with_store(tracking.tracking_uri(store), flaky) == "ok"
+    monkeypatch.setattr(mlflow_store.time, "sleep", lambda s: None)
+    assert mlflow_store.with_store(tracking.tracking_uri(store), flaky) == "ok"
     assert len(calls) == 3
     with pytest.raises(ValueError):  # a real error is not retried
-        tracking._with_store(tracking.tracking_uri(store), lambda c: calls.append(1) or int("x"))
+        mlflow_store.with_store(tracking.tracking_uri(store), lambda c: calls.append(1) or int("x"))
     assert len(calls) == 4
 
 
@@ -338,7 +338,7 @@ def test_a_failed_flush_keeps_the_run_pending_for_the_next(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ):
     pending = Path(_log(store, "job/a", defer=True))
-    monkeypatch.setattr(tracking, "_write_run", _refuse)
+    monkeypatch.setattr(mlflow_store, "write_run", _refuse)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TrackingWarning)
         logged, failed = tracking.flush_pending(store)
