@@ -13,13 +13,7 @@
 #   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import (
-    table_batch_size,
-    table_models,
-    table_rounds,
-    table_runs,
-    table_victims,
-)
+from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
 from gradinv.jobs import (
     attack_generator_file,
     capture_file,
@@ -34,6 +28,7 @@ from gradinv.jobs import (
     metric_assets,
     table_utility_runs,
 )
+from gradinv.sweeps import table_runs
 from gradinv import pipeline
 
 pipeline.setup_environment(workflow.basedir)

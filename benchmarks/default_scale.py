@@ -35,7 +35,7 @@ METHOD = {
     "train_generator": "generator",
 }
 SHAPE_WILDCARDS = ("dataset", "model", "bs")
-SWEPT = "-"  # a sweep's variant is named <defense>-<setting><value> (gradinv.config.sweep_variant)
+SWEPT = "-"  # a sweep's variant is named <defense>-<setting><value> (gradinv.sweeps.sweep_variant)
 RECORD_TOLERANCE = 0.01  # s: a recorded end and the output's modification time agree to this
 
 

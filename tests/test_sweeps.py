@@ -10,21 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from gradinv.config import (
-    REPO_ROOT,
-    load,
-    shared_runs,
-    sweep_points,
-    sweep_variant,
-    table_models,
-    table_runs,
-    validate,
-)
+from gradinv.config import REPO_ROOT, load, table_models, validate
 from gradinv.jobs import table_utility_runs
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points
 from gradinv.stages.score import _success_rate
+from gradinv.sweeps import shared_runs, sweep_points, sweep_variant, table_runs
 
 
 @pytest.fixture(scope="module")

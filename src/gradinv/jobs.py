@@ -17,14 +17,12 @@ from gradinv.config import (
     attack_generator,
     merge,
     method_settings,
-    shared_runs,
-    sweep_points,
     table_batch_size,
     table_models,
     table_rounds,
-    table_runs,
     table_victims,
 )
+from gradinv.sweeps import shared_runs, sweep_points, table_runs
 
 
 def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:

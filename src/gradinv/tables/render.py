@@ -135,7 +135,7 @@ def render_table(
     gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
     failure reason or ""), from the defenses' FL training runs rather than the metrics files.
     ``shared`` names the defenses shown from another's runs, with that defense and their label
-    (a sweep point at its base's value: :func:`gradinv.config.shared_runs`).
+    (a sweep point at its base's value: :func:`gradinv.sweeps.shared_runs`).
     """
     out_dir = Path(out_dir)
     training, shared = training or {}, shared or {}
