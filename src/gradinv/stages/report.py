@@ -153,14 +153,14 @@ def _grid(
     *,
     caption: str,
     several_models: bool = False,
-    shown: dict[str, list[str]] | None = None,
+    shown: dict[str, list[str]],
 ) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch);
     ``shown`` gives the labels a defense's runs appear under (a shared run: several)."""
     entries = []
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
         row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
-        for label in (shown or {}).get(row["defense"], [row["defense_label"]]):
+        for label in shown.get(row["defense"], [row["defense_label"]]):
             entries.append(
                 GridEntry(
                     dataset=row["dataset_label"],
