@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.config import (
-    attack_generator,
     merge,
     method_settings,
     table_batch_size,
@@ -22,6 +21,7 @@ from gradinv.config import (
     table_rounds,
     table_victims,
 )
+from gradinv.cross_checks import attack_generator
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
 
 

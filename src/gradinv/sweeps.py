@@ -77,7 +77,7 @@ def expand_sweeps(config: dict[str, Any], source: str) -> None:
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{source}: sweeps.{name}.defense: {base!r} is not defined.{hint}")
         if not isinstance(defenses[base], dict) or setting not in defenses[base]:
-            continue  # named by _check_references, after the schema has named any typo in base
+            continue  # named by check_references, after the schema has named any typo in base
         for value in sweep["values"]:
             key = sweep_variant(base, setting, value)
             block = copy.deepcopy(defenses[base])

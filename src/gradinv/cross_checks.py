@@ -1,0 +1,284 @@
+"""What the schema cannot say about ``params.yaml``: names one section uses that another must
+define, values that are each valid but cannot work together, and the generator each generative
+attack searches. :func:`gradinv.config.validate` runs the checks after the schema, so every error
+still names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from gradinv.config import (
+    method_settings,
+    table_batch_size,
+    table_models,
+    table_rounds,
+    table_victims,
+)
+from gradinv.settings import ConfigError
+
+
+def check_references(config: dict[str, Any], source: str) -> None:
+    """Names used in ``tables`` must be defined in their sections."""
+    for name, sweep in config.get("sweeps", {}).items():
+        block, setting = config["defenses"][sweep["defense"]], sweep["setting"]
+        if setting not in block or setting in ("kind", "label"):
+            settings = ", ".join(k for k in block if k not in ("kind", "label"))
+            raise ConfigError(
+                f"{source}: sweeps.{name}.setting: {setting!r} is not a setting of defense "
+                f"{sweep['defense']!r} (its settings: {settings})."
+            )
+    for table, spec in config["tables"].items():
+        if not spec["defenses"]:
+            raise ConfigError(
+                f"{source}: tables.{table}: no defenses; list some under defenses or sweeps."
+            )
+        for key, section in (
+            ("datasets", config["data"]["sources"]),
+            ("defenses", config["defenses"]),
+            ("attacks", config["attacks"]),
+        ):
+            for name in spec[key]:
+                if name not in section:
+                    close = difflib.get_close_matches(name, section, n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    where = "data.sources" if key == "datasets" else key
+                    raise ConfigError(
+                        f"{source}: tables.{table}.{key}: {name!r} is not defined "
+                        f"under {where}.{hint}"
+                    )
+        for model in table_models(config, table):
+            if model not in config["models"]:
+                raise ConfigError(
+                    f"{source}: tables.{table}.model: {model!r} is not defined under models."
+                )
+    study = config.get("client_time")
+    if study:
+        # paper_models may name a model the overlay does not time, but a defined one
+        for key, section in (
+            ("models", "models"),
+            ("defenses", "defenses"),
+            ("paper_models", "models"),
+        ):
+            for name in study.get(key) or ():
+                if name not in config[section]:
+                    close = difflib.get_close_matches(name, config[section], n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise ConfigError(
+                        f"{source}: client_time.{key}: {name!r} is not defined under "
+                        f"{section}.{hint}"
+                    )
+    from gradinv.attacks import ATTACKS
+    from gradinv.settings import from_mapping
+
+    for name, block in config.get("generators", {}).items():
+        for kind, values in block.get("attack_settings", {}).items():
+            where = f"generators.{name}.attack_settings.{kind}"
+            if kind not in ATTACKS:
+                raise ConfigError(f"{source}: {where}: {kind!r} is not an attack kind.")
+            from_mapping(ATTACKS.get(kind).Settings, values, where=where)
+        for dataset in block["datasets"]:
+            if dataset not in config["data"]["sources"]:
+                raise ConfigError(
+                    f"{source}: generators.{name}.datasets: {dataset!r} is not defined under "
+                    "data.sources."
+                )
+    for spec in config["tables"].values():
+        for attack in spec["attacks"]:
+            for dataset in spec["datasets"]:
+                attack_generator(config, attack, dataset, source)
+    conv = config["convergence"]
+    official = conv.get("official_loop", {})
+    # The two training studies: their dataset and model, their FL keys, their defenses.
+    studies = {
+        "convergence": (
+            conv,
+            {
+                "defenses": conv["defenses"],
+                "clients_defenses": conv["clients_defenses"],
+                "official_loop.defenses": official.get("defenses", []),
+            },
+        ),
+        "utility": (config["utility"], {"defenses": config["utility"]["defenses"]}),
+    }
+    for study_name, (study, defense_lists) in studies.items():
+        for key, section, where in (
+            ("dataset", config["data"]["sources"], "data.sources"),
+            ("model", config["models"], "models"),
+        ):
+            if study[key] not in section:
+                raise ConfigError(
+                    f"{source}: {study_name}.{key}: {study[key]!r} is not defined under {where}."
+                )
+        unknown = sorted(set(study["fl"]) - set(config["fl"]))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], config["fl"], n=1)
+            hint = (
+                f" Did you mean {close[0]!r}?" if close else f" Allowed: {', '.join(config['fl'])}."
+            )
+            raise ConfigError(f"{source}: {study_name}.fl.{unknown[0]}: unknown key.{hint}")
+        for key, names in defense_lists.items():
+            for name in names:
+                if name not in config["defenses"]:
+                    close = difflib.get_close_matches(name, config["defenses"], n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise ConfigError(
+                        f"{source}: {study_name}.{key}: {name!r} is not defined under "
+                        f"defenses.{hint}"
+                    )
+
+
+def attack_generator(
+    config: dict[str, Any], attack: str, dataset: str, source: str = "params.yaml"
+) -> str | None:
+    """The generator attack ``attack`` searches on ``dataset``: its ``generator`` setting, else
+    the one generator whose ``datasets`` list ``dataset``; None for an attack without one."""
+    from gradinv.attacks import ATTACKS
+
+    block = config["attacks"][attack]
+    if not getattr(ATTACKS.get(block["kind"]), "generative", False):
+        return None
+    generators = config.get("generators", {})
+    chosen = block.get("generator", "")
+    if chosen:
+        if chosen not in generators:
+            close = difflib.get_close_matches(chosen, generators, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source}: attacks.{attack}.generator: {chosen!r} is not defined under "
+                f"generators.{hint}"
+            )
+        if dataset not in generators[chosen]["datasets"]:
+            raise ConfigError(
+                f"{source}: attacks.{attack}.generator: {chosen} does not serve {dataset} "
+                f"(its datasets: {generators[chosen]['datasets']}); add {dataset} to them or "
+                "choose another generator."
+            )
+        return chosen
+    serving = [name for name, g in generators.items() if dataset in g["datasets"]]
+    if len(serving) != 1:
+        what = "no generator" if not serving else f"several generators ({', '.join(serving)})"
+        raise ConfigError(
+            f"{source}: attack {attack} searches a generator's latent space, but {what} list "
+            f"{dataset} under generators.<name>.datasets; list it under exactly one, or set "
+            f"attacks.{attack}.generator."
+        )
+    return serving[0]
+
+
+def check_combinations(config: dict[str, Any], source: str) -> None:
+    """Values that are each valid but cannot work together."""
+    fl, cap, threat = config["fl"], config["capture"], config["threat_model"]
+
+    def fail(message: str) -> None:
+        raise ConfigError(f"{source}: {message}")
+
+    from gradinv.attacks.base import STOCHASTIC
+
+    for name, attack in config["attacks"].items():
+        for key in ("layers", "ignore_layers"):
+            special = [p for p in attack.get(key, ()) if p.startswith("@") and p != STOCHASTIC]
+            if special:
+                fail(
+                    f"attacks.{name}.{key}: {special[0]!r} is no layer pattern; the only one "
+                    f"starting with @ is {STOCHASTIC!r} (the layers after a random draw)."
+                )
+    if max(fl["checkpoint_rounds"]) > fl["rounds"]:
+        fail(
+            f"fl.checkpoint_rounds: round {max(fl['checkpoint_rounds'])} is beyond fl.rounds "
+            f"({fl['rounds']}); raise fl.rounds or drop that round."
+        )
+    if cap["round"] not in fl["checkpoint_rounds"]:
+        fail(
+            f"capture.round: round {cap['round']} has no checkpoint; add it to "
+            f"fl.checkpoint_rounds ({fl['checkpoint_rounds']})."
+        )
+    if fl["clients_per_round"] > config["partition"]["num_clients"]:
+        fail(
+            f"fl.clients_per_round: {fl['clients_per_round']} clients per round, but "
+            f"partition.num_clients is {config['partition']['num_clients']}; lower one or "
+            "raise the other."
+        )
+    fig10 = config["tables"].get("fig10_public")
+    if fig10 and not any(
+        config["defenses"][d].get("source") == "public" for d in fig10["defenses"]
+    ):
+        fail(
+            "tables.fig10_public.defenses: Fig. 10 needs a defense with source: public (CENSOR "
+            "drawing its directions from public images); add one, e.g. censor_public."
+        )
+    conv = config["convergence"]
+    too_many = [k for k in conv["clients_per_round"] if k > conv["partition"]["num_clients"]]
+    if too_many:
+        fail(
+            f"convergence.clients_per_round: {too_many[0]} clients per round, but "
+            f"convergence.partition.num_clients is {conv['partition']['num_clients']}; lower one "
+            "or raise the other."
+        )
+    batched = [t for t in config["tables"] if table_batch_size(config, t) > 1]
+    if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and batched:
+        fail(
+            f"threat_model.label_rule: idlg recovers the label of one image, but "
+            f"tables.{batched[0]} attacks batches of {table_batch_size(config, batched[0])}; use "
+            "label_rule yin (or auto)."
+        )
+    from gradinv.data import DATASETS
+    from gradinv.settings import from_mapping
+
+    for table, spec in config["tables"].items():
+        for rnd in table_rounds(config, table):
+            if rnd not in fl["checkpoint_rounds"]:
+                fail(
+                    f"tables.{table}.rounds: round {rnd} has no checkpoint; add it to "
+                    f"fl.checkpoint_rounds ({fl['checkpoint_rounds']})."
+                )
+        tradeoff = spec.get("tradeoff")
+        if tradeoff is not None and tradeoff not in spec.get("metrics", ()):
+            fail(
+                f"tables.{table}.tradeoff: {tradeoff!r} is the figure's x axis but not one of the "
+                f"table's metrics; add it to tables.{table}.metrics."
+            )
+        x_axis = spec.get("x_axis")
+        if x_axis is not None and tradeoff is not None:
+            fail(f"tables.{table}: give x_axis or tradeoff (the figure's x axis), not both.")
+        if x_axis is not None and x_axis != "round":
+            lacking = [d for d in spec["defenses"] if x_axis not in config["defenses"][d]]
+            if lacking:
+                fail(
+                    f"tables.{table}.x_axis: {x_axis!r} is neither 'round' nor a setting of "
+                    f"defense(s) {', '.join(lacking)}; use 'round' or a setting they all have."
+                )
+        victims = table_victims(config, table)
+        for name in spec["datasets"]:
+            src = config["data"]["sources"][name]
+            dataset = DATASETS.get(name)
+            where = f"data.sources.{name}"
+            pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
+            bs = table_batch_size(config, table)
+            need = (victims - 1) * cap["victim_stride"] + bs
+            if pool is not None and need > pool:
+                fail(
+                    f"capture: tables.{table} attacks {victims} victims of "
+                    f"{bs} image(s) every {cap['victim_stride']} validation "
+                    f"images of {name}, which needs {need} images, but it has {pool}; lower "
+                    "capture.victims, capture.victim_stride or the batch size."
+                )
+        for model in table_models(config, table):
+            if threat["bn_statistics"] and not _has_batch_norm(config["models"][model]):
+                fail(
+                    f"threat_model.bn_statistics: true needs batch-norm layers, but "
+                    f"tables.{table}.model {model!r} has none; set it to false or use a "
+                    "model with norm: batch."
+                )
+
+
+def _has_batch_norm(model: dict[str, Any]) -> bool:
+    import torch
+
+    from gradinv.models import build_model
+    from gradinv.protocol import ModelSpec
+
+    settings = method_settings(model)
+    spec = ModelSpec(model["kind"], 10, 3, 32, settings)
+    return any(isinstance(m, torch.nn.BatchNorm2d) for m in build_model(spec).modules())
