@@ -13,7 +13,7 @@
 #   claims   the papers' qualitative claims checked against the results (claims.md)
 # Usage: snakemake results/table1.csv --cores all   (see README.md)
 
-from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.config import table_models
 from gradinv.jobs import (
     attack_generator_file,
     capture_file,
@@ -26,7 +26,9 @@ from gradinv.jobs import (
     job_settings,
     malicious_attacks,
     metric_assets,
+    table_files,
     table_utility_runs,
+    table_victim_files,
 )
 from gradinv.sweeps import table_runs
 from gradinv import pipeline

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
+from gradinv.adaptive import shared_attacks
 from gradinv.config import REPO_ROOT, load, table_models, validate
-from gradinv.jobs import table_utility_runs
+from gradinv.jobs import table_files, table_utility_runs, table_victim_files
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points
@@ -267,3 +268,24 @@ def test_a_frontier_panel_without_pmm_says_so_not_that_its_metric_is_missing(tmp
     draw(frontier_points(cells, {}, {"none": "No Defense"}), tmp_path / "f.png", {"scale": "paper"})
     assert any(t.startswith("no PMM") for t in texts)  # PSNR is there; PMM is not
     assert not any(t.startswith("PSNR unavailable") for t in texts)
+
+
+def test_an_adaptive_attack_with_nothing_to_adapt_to_reads_the_plain_attacks_runs(base):
+    """EOT against a defense that is not randomized, the Ignore attack against one that adds no
+    bottleneck: each is the plain attack (the frontier would otherwise take the best of several
+    seeds of IG against some defenses only)."""
+    attacks = base["tables"]["frontier_runs"]["attacks"]
+    assert attacks == ["ig", "gi_aware", "ig_eot", "ig_ignore"]
+    assert shared_attacks(base, "clipping", attacks) == {"ig_eot": "ig", "ig_ignore": "ig"}
+    assert shared_attacks(base, "noise", attacks) == {"ig_ignore": "ig"}  # randomized
+    assert shared_attacks(base, "cvb", attacks) == {"ig_eot": "ig"}  # a bottleneck
+    stochastic = copy.deepcopy(base)
+    stochastic["defenses"]["quantization"]["rounding"] = "stochastic"
+    assert shared_attacks(stochastic, "quantization", attacks) == {"ig_ignore": "ig"}
+    # the decoder-only Ignore attack names its layers: never read as another attack's
+    cvb_attacks = base["tables"]["cvb_precode_ignore"]["attacks"]
+    assert shared_attacks(base, "none", cvb_attacks) == {"ig_ignore": "ig"}
+    files = table_files(base, "frontier_runs", "metrics", "json")
+    assert not [f for f in files if "/clipping/" in f and "/ig_eot/" in f]
+    assert [f for f in files if "/noise/" in f and "/ig_eot/" in f]
+    assert len(files) == len(set(files)) == len(table_victim_files(base, "frontier_runs"))

@@ -550,3 +550,32 @@ def test_a_sweep_point_read_from_its_bases_runs_is_a_row_of_its_own(tmp_path, mo
     assert cells.loc[("noise-std0.1", "psnr"), "mean"] == 12.5
     text = out["markdown"].read_text(encoding="utf-8")
     assert "runs outside this table" not in text  # the base's files are this table's
+
+
+def test_an_adaptive_attack_read_from_the_plain_attacks_runs_is_a_column_of_its_own(
+    tmp_path, monkeypatch
+):
+    """IG+EOT against a deterministic defense is IG: the table shows IG's runs under it."""
+    monkeypatch.setitem(LABELS, "ig_eot", "IG+EOT")
+    records = [
+        run(d, "ig", v, psnr=p + v) for d, p in (("none", 20.0), ("noise", 12.0)) for v in range(2)
+    ]
+    records += [run("noise", "ig_eot", v, psnr=15.0 + v) for v in range(2)]
+    out = render_table(
+        "adaptive",
+        write(tmp_path, records),
+        tmp_path,
+        attacks=["ig", "ig_eot"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        metrics=["psnr"],
+        shared_attacks={"none": {"ig_eot": ("ig", "IG+EOT")}},
+    )
+    cells = pd.read_csv(out["cells"]).set_index(["defense", "attack"])
+    assert cells.loc[("none", "ig_eot"), "mean"] == cells.loc[("none", "ig"), "mean"] == 20.5
+    assert cells.loc[("none", "ig_eot"), "attack_label"] == "IG+EOT"
+    assert cells.loc[("noise", "ig_eot"), "mean"] == 15.5  # an attack that adapts runs its own
+    assert "**metrics files**: 6" in out["markdown"].read_text(encoding="utf-8")

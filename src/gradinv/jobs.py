@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gradinv.adaptive import attack_runs, shared_attacks
 from gradinv.config import (
     merge,
     method_settings,
@@ -352,6 +353,11 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         shared = shared_runs(config)
         # the sweep points read from their base's runs (the report shows them under each name)
         out["shared_runs"] = {d: shared[d] for d in table["defenses"] if d in shared}
+        # so do the adaptive attacks with nothing to adapt to, from the plain attack's
+        out["shared_attacks"] = {
+            run: shared_attacks(config, run, table["attacks"])
+            for run in table_runs(config, w["table"])
+        }
         out |= {
             "table": table,
             "table_name": w["table"],
@@ -373,6 +379,38 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
 
 
 TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
+
+
+def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
+    """Every per-victim file of ``stage`` (attacks, metrics) that table ``table`` reads: each
+    (dataset, model, run, round, attack run, victim) once. A sweep point at its base's value
+    reads the base's runs (:func:`gradinv.sweeps.table_runs`), an adaptive attack with nothing
+    to adapt to against a defense the plain attack's (:func:`gradinv.adaptive.attack_runs`)."""
+    return [
+        f"results/{stage}/{d}/{m}/{run}/r{r}_b{bs}/{a}/victim{v}.{ext}"
+        for d, m, run, r, bs, a, v in _table_runs(config, table)
+    ]
+
+
+def table_victim_files(config: dict[str, Any], table: str) -> list[str]:
+    """The private batch behind each entry of :func:`table_files` (same order)."""
+    return [
+        f"results/victims/{d}/b{bs}/victim{v}.pt"
+        for d, _, _, _, bs, _, v in _table_runs(config, table)
+    ]
+
+
+def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
+    spec, bs = config["tables"][table], table_batch_size(config, table)
+    return [
+        (d, m, run, r, bs, a, v)
+        for d in spec["datasets"]
+        for m in table_models(config, table)
+        for run in table_runs(config, table)
+        for r in table_rounds(config, table)
+        for a in attack_runs(config, run, spec["attacks"])
+        for v in range(table_victims(config, table))
+    ]
 
 
 def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:

@@ -19,30 +19,12 @@ GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
 
 def table_jobs(table, stage, ext):
     """Every per-victim file of `stage` that table `table` aggregates."""
-    spec, bs = config["tables"][table], table_batch_size(config, table)
-    return expand(
-        f"results/{stage}/{{dataset}}/{{model}}/{{defense}}/r{{round}}_b{bs}/{{attack}}/victim{{victim}}.{ext}",
-        dataset=spec["datasets"],
-        model=table_models(config, table),
-        defense=table_runs(config, table),  # a sweep point at its base's value: the base's runs
-        round=table_rounds(config, table),
-        attack=spec["attacks"],
-        victim=range(table_victims(config, table)),
-    )
+    return table_files(config, table, stage, ext)
 
 
 def table_victims_files(table):
     """The private batch behind each entry of table_jobs (same order)."""
-    spec, bs = config["tables"][table], table_batch_size(config, table)
-    return [
-        f"results/victims/{d}/b{bs}/victim{v}.pt"
-        for d in spec["datasets"]
-        for _ in table_models(config, table)
-        for _ in table_runs(config, table)
-        for _ in table_rounds(config, table)
-        for _ in spec["attacks"]
-        for v in range(table_victims(config, table))
-    ]
+    return table_victim_files(config, table)
 
 
 def convergence_runs(defenses, clients):

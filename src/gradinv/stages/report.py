@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ def run(
     )
     sweep = _sweep(spec.get("x_axis"), settings["defenses"], rounds)
     labels, shared = settings["labels"]["defenses"], settings["shared_runs"]
+    attack_labels = {a: settings["attacks"][a]["label"] for a in spec["attacks"]}
+    shared_attacks = {  # by defense run: the attack shown, from the attack run, with its label
+        run: {a: (base, attack_labels[a]) for a, base in attacks.items()}
+        for run, attacks in settings["shared_attacks"].items()
+    }
     attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
     setting = {
         "scale": settings["scale"],
@@ -81,10 +87,15 @@ def run(
         training=_training(spec, summaries, settings),
         models=models,
         shared={d: (run, labels[d]) for d, run in shared.items()},
+        shared_attacks=shared_attacks,
     )
     shown: dict[str, list[str]] = {}  # each run's grid rows: the table's defenses that read it
     for d in spec["defenses"]:
         shown.setdefault(shared.get(d, d), []).append(labels[d])
+    shown_attacks: dict[tuple[str, str], list[str]] = {}  # and the attacks that read it
+    for run, attacks in settings["shared_attacks"].items():
+        for a in spec["attacks"]:
+            shown_attacks.setdefault((run, attacks.get(a, a)), []).append(attack_labels[a])
     _grid(
         metric_files,
         reconstructions,
@@ -93,6 +104,7 @@ def run(
         rounds,
         several_models=len(models) > 1,
         shown=shown,
+        shown_attacks=shown_attacks,
         caption=figure_caption(
             f"{spec['title']}: reconstructions", settings["scale"], f"{name}.md"
         ),
@@ -154,13 +166,18 @@ def _grid(
     caption: str,
     several_models: bool = False,
     shown: dict[str, list[str]],
+    shown_attacks: dict[tuple[str, str], list[str]],
 ) -> None:
     """Original vs reconstructed images, one row per defense and attack (first image of a batch);
-    ``shown`` gives the labels a defense's runs appear under (a shared run: several)."""
+    ``shown`` gives the labels a defense's runs appear under (a shared run: several), and
+    ``shown_attacks`` those a (defense run, attack run)'s appear under."""
     entries = []
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
         row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
-        for label in shown.get(row["defense"], [row["defense_label"]]):
+        attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])
+        for label, attack_label in itertools.product(
+            shown.get(row["defense"], [row["defense_label"]]), attack_labels
+        ):
             entries.append(
                 GridEntry(
                     dataset=row["dataset_label"],
@@ -168,7 +185,7 @@ def _grid(
                     defense_label=(f"{row['model']}: " if several_models else "")
                     + label
                     + (f", round {row['round']}" if len(rounds) > 1 else ""),
-                    attack_label=row["attack_label"],
+                    attack_label=attack_label,
                     victim=row["victim"],
                     original=secret["images"][0],
                     reconstruction=rec["images"][0] if rec["status"] == "ok" else None,

@@ -87,6 +87,25 @@ def _with_shared_runs(
     return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)
 
 
+def _with_shared_attacks(
+    df: pd.DataFrame, shared: Mapping[str, Mapping[str, tuple[str, str]]]
+) -> pd.DataFrame:
+    """The runs with a copy of each plain attack's runs under each adaptive attack that has
+    nothing to adapt to against that defense (``shared``: by defense, the attack shown and the
+    attack run with the shown one's label; :func:`gradinv.adaptive.shared_attacks`)."""
+    copies = [
+        df[(df["defense"] == defense) & (df["attack"] == run)].assign(
+            attack=attack, attack_label=label
+        )
+        for defense, attacks in shared.items()
+        for attack, (run, label) in attacks.items()
+    ]
+    if not copies:
+        return df
+    df = pd.concat([df, *copies], ignore_index=True)
+    return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)
+
+
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
     """What the files themselves say produced them, appended to the caller's setting."""
     out = {"metrics files": str(df["source"].nunique())}  # a shared run's rows: one file
@@ -119,6 +138,7 @@ def render_table(
     training: Mapping[str, Mapping[tuple[str, str, str], tuple[float | None, str]]] | None = None,
     models: Sequence[str] | None = None,
     shared: Mapping[str, tuple[str, str]] | None = None,
+    shared_attacks: Mapping[str, Mapping[str, tuple[str, str]]] | None = None,
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv``, ``<name>_cells.csv`` (the
     long table: one line per cell, what ``workflow/claims.yaml`` is checked against) and
@@ -135,11 +155,14 @@ def render_table(
     gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
     failure reason or ""), from the defenses' FL training runs rather than the metrics files.
     ``shared`` names the defenses shown from another's runs, with that defense and their label
-    (a sweep point at its base's value: :func:`gradinv.sweeps.shared_runs`).
+    (a sweep point at its base's value: :func:`gradinv.sweeps.shared_runs`); ``shared_attacks``
+    by defense run, the attacks shown from another attack's runs, with that attack and their
+    label (an adaptive attack with nothing to adapt to: :func:`gradinv.adaptive.shared_attacks`).
     """
     out_dir = Path(out_dir)
     training, shared = training or {}, shared or {}
     df = collect(metric_files, metrics=[m for m in metrics if m not in training])
+    df = _with_shared_attacks(df, shared_attacks or {})
     df = _with_shared_runs(df, shared, defenses)
     # the defense whose FL training run a row's accuracy and PMM come from: its own, or its base's
     trained = df["defense"].map(lambda d: shared[d][0] if d in shared else d)
