@@ -17,7 +17,6 @@ from gradinv.config import table_models
 from gradinv.jobs import (
     attack_generator_file,
     capture_file,
-    claim_inputs,
     convergence_curves_k,
     defense_assets,
     evaluation_network_files,
@@ -26,11 +25,9 @@ from gradinv.jobs import (
     job_settings,
     malicious_attacks,
     metric_assets,
-    table_files,
-    table_utility_runs,
-    table_victim_files,
 )
 from gradinv.sweeps import table_runs
+from gradinv.table_inputs import claim_inputs, table_files, table_utility_runs, table_victim_files
 from gradinv import pipeline
 
 pipeline.setup_environment(workflow.basedir)

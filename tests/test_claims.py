@@ -10,7 +10,8 @@ import yaml
 
 from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
 from gradinv.config import REPO_ROOT, load
-from gradinv.jobs import claim_inputs, claim_tables, job_settings
+from gradinv.jobs import job_settings
+from gradinv.table_inputs import claim_inputs, claim_tables
 
 
 def _cells(values):

@@ -12,12 +12,12 @@ import torch
 
 from gradinv.adaptive import shared_attacks
 from gradinv.config import REPO_ROOT, load, table_models, validate
-from gradinv.jobs import table_files, table_utility_runs, table_victim_files
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points
 from gradinv.stages.score import _success_rate
 from gradinv.sweeps import shared_runs, sweep_points, sweep_variant, table_runs
+from gradinv.table_inputs import table_files, table_utility_runs, table_victim_files
 
 
 @pytest.fixture(scope="module")

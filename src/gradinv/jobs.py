@@ -3,27 +3,27 @@
 Jobs get their settings as one JSON string (:func:`job_settings`) that Snakemake passes through
 ``params:``, so that changing a value reruns exactly the jobs that read it. The other functions
 list a job's inputs beyond the path pattern of its rule (a generator, Refiner's evaluation
-network, the utility runs a table reads), for the rules in ``workflow/rules/`` and DVC.
+network), for the rules in ``workflow/rules/`` and DVC; a table's and the claims' are
+:mod:`gradinv.table_inputs`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
-from gradinv.adaptive import attack_runs, shared_attacks
+from gradinv.adaptive import shared_attacks
 from gradinv.config import (
     merge,
     method_settings,
     table_batch_size,
-    table_models,
     table_rounds,
     table_victims,
 )
 from gradinv.cross_checks import attack_generator
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
+from gradinv.table_inputs import claim_tables, table_utility_runs
 
 
 def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:
@@ -137,19 +137,6 @@ def run_labels(config: dict[str, Any]) -> dict[str, dict[str, str]]:
         kind: {k: block["label"] for k, block in config[kind].items()}
         for kind in ("defenses", "attacks")
     }
-
-
-def claim_tables(config: dict[str, Any]) -> list[str]:
-    """The results a claim may be checked on: every attack table, and the utility table."""
-    return [*config["tables"], "utility"]
-
-
-def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
-    """The result files the claims in ``claims_file`` read, of the tables this config builds."""
-    from gradinv.claims import load_claims, result_file
-
-    tables = {c.check.table for c in load_claims(claims_file)}
-    return sorted(str(result_file(t)) for t in tables & set(claim_tables(config)))
 
 
 def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
@@ -376,57 +363,6 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     else:
         raise ValueError(f"no job settings for stage {stage!r}")
     return _dump(out)
-
-
-TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
-
-
-def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
-    """Every per-victim file of ``stage`` (attacks, metrics) that table ``table`` reads: each
-    (dataset, model, run, round, attack run, victim) once. A sweep point at its base's value
-    reads the base's runs (:func:`gradinv.sweeps.table_runs`), an adaptive attack with nothing
-    to adapt to against a defense the plain attack's (:func:`gradinv.adaptive.attack_runs`)."""
-    return [
-        f"results/{stage}/{d}/{m}/{run}/r{r}_b{bs}/{a}/victim{v}.{ext}"
-        for d, m, run, r, bs, a, v in _table_runs(config, table)
-    ]
-
-
-def table_victim_files(config: dict[str, Any], table: str) -> list[str]:
-    """The private batch behind each entry of :func:`table_files` (same order)."""
-    return [
-        f"results/victims/{d}/b{bs}/victim{v}.pt"
-        for d, _, _, _, bs, _, v in _table_runs(config, table)
-    ]
-
-
-def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
-    spec, bs = config["tables"][table], table_batch_size(config, table)
-    return [
-        (d, m, run, r, bs, a, v)
-        for d in spec["datasets"]
-        for m in table_models(config, table)
-        for run in table_runs(config, table)
-        for r in table_rounds(config, table)
-        for a in attack_runs(config, run, spec["attacks"])
-        for v in range(table_victims(config, table))
-    ]
-
-
-def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
-    """The utility study's training runs a table reads when it shows what its defenses cost
-    (metrics accuracy or pmm): one per dataset, model and run the table reads (a shared sweep
-    point's base), and no defense's for PMM."""
-    spec = config["tables"][table]
-    if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
-        return []
-    defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
-    return [
-        f"results/utility/{d}/{m}/{f}/summary.json"
-        for d in spec["datasets"]
-        for m in table_models(config, table)
-        for f in defenses
-    ]
 
 
 def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""The files a table or the claims read: every per-victim run of a table (each once, whatever
+runs two of its cells share), the utility runs behind its accuracy and PMM, and the result files
+the claims are checked on. The rules in ``workflow/rules/`` and :mod:`gradinv.jobs` list inputs
+with these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gradinv.adaptive import attack_runs
+from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.sweeps import table_runs
+
+TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
+
+
+def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
+    """Every per-victim file of ``stage`` (attacks, metrics) that table ``table`` reads: each
+    (dataset, model, run, round, attack run, victim) once. A sweep point at its base's value
+    reads the base's runs (:func:`gradinv.sweeps.table_runs`), an adaptive attack with nothing
+    to adapt to against a defense the plain attack's (:func:`gradinv.adaptive.attack_runs`)."""
+    return [
+        f"results/{stage}/{d}/{m}/{run}/r{r}_b{bs}/{a}/victim{v}.{ext}"
+        for d, m, run, r, bs, a, v in _table_runs(config, table)
+    ]
+
+
+def table_victim_files(config: dict[str, Any], table: str) -> list[str]:
+    """The private batch behind each entry of :func:`table_files` (same order)."""
+    return [
+        f"results/victims/{d}/b{bs}/victim{v}.pt"
+        for d, _, _, _, bs, _, v in _table_runs(config, table)
+    ]
+
+
+def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
+    spec, bs = config["tables"][table], table_batch_size(config, table)
+    return [
+        (d, m, run, r, bs, a, v)
+        for d in spec["datasets"]
+        for m in table_models(config, table)
+        for run in table_runs(config, table)
+        for r in table_rounds(config, table)
+        for a in attack_runs(config, run, spec["attacks"])
+        for v in range(table_victims(config, table))
+    ]
+
+
+def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
+    """The utility study's training runs a table reads when it shows what its defenses cost
+    (metrics accuracy or pmm): one per dataset, model and run the table reads (a shared sweep
+    point's base), and no defense's for PMM."""
+    spec = config["tables"][table]
+    if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
+        return []
+    defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
+    return [
+        f"results/utility/{d}/{m}/{f}/summary.json"
+        for d in spec["datasets"]
+        for m in table_models(config, table)
+        for f in defenses
+    ]
+
+
+def claim_tables(config: dict[str, Any]) -> list[str]:
+    """The results a claim may be checked on: every attack table, and the utility table."""
+    return [*config["tables"], "utility"]
+
+
+def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
+    """The result files the claims in ``claims_file`` read, of the tables this config builds."""
+    from gradinv.claims import load_claims, result_file
+
+    tables = {c.check.table for c in load_claims(claims_file)}
+    return sorted(str(result_file(t)) for t in tables & set(claim_tables(config)))
