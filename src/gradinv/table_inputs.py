@@ -37,13 +37,14 @@ def table_victim_files(config: dict[str, Any], table: str) -> list[str]:
 
 def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
     spec, bs = config["tables"][table], table_batch_size(config, table)
+    attacks = {run: attack_runs(config, run, spec["attacks"]) for run in table_runs(config, table)}
     return [
         (d, m, run, r, bs, a, v)
         for d in spec["datasets"]
         for m in table_models(config, table)
-        for run in table_runs(config, table)
+        for run in attacks
         for r in table_rounds(config, table)
-        for a in attack_runs(config, run, spec["attacks"])
+        for a in attacks[run]
         for v in range(table_victims(config, table))
     ]
 
