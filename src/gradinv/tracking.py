@@ -30,8 +30,9 @@ Why this module exists and what it promises:
   workflow ends. The run in MLflow is the same either way; a rerun before the flush replaces its
   pending file.
 
-This module is the API and the policy; the write path (the lock, the retries, MLflow's limits,
-one run replacing its job key's) is :mod:`gradinv.mlflow_store`.
+This module is the API and the policy. A job's run, as plain values and within MLflow's limits,
+is :mod:`gradinv.mlflow_run`; the write path (the lock, the retries, one run replacing its job
+key's) is :mod:`gradinv.mlflow_store`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gradinv import mlflow_store as store
-from gradinv.mlflow_store import JOB_KEY_TAG, TrackingWarning
+from gradinv.mlflow_run import JOB_KEY_TAG, Run
+from gradinv.mlflow_store import TrackingWarning
 
 __all__ = [
     "JOB_KEY_TAG",
@@ -261,7 +263,7 @@ def log_run(
     if not tracking_enabled(enabled):
         return None
     store.prepare_environment()
-    run = store.Run.of(
+    run = Run.of(
         experiment=experiment,
         run_name=run_name,
         job_key=job_key,
@@ -296,7 +298,7 @@ def flush_pending(project_root: Path, *, enabled: bool = True) -> tuple[int, lis
     logged, failed = 0, []
     for path in files:
         try:
-            run = store.Run.from_json(json.loads(path.read_text()))
+            run = Run.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
             continue  # another flush took it
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -317,7 +319,7 @@ def flush_pending(project_root: Path, *, enabled: bool = True) -> tuple[int, lis
     return logged, failed
 
 
-def _log_now(run: store.Run, project_root: Path) -> str | None:
+def _log_now(run: Run, project_root: Path) -> str | None:
     uri = "<unresolved>"
     try:
         uri = tracking_uri(project_root)
@@ -330,7 +332,7 @@ def _log_now(run: store.Run, project_root: Path) -> str | None:
         return None
 
 
-def _defer(run: store.Run, project_root: Path) -> str | None:
+def _defer(run: Run, project_root: Path) -> str | None:
     from gradinv.io import write_text  # atomic; torch, which it imports, is loaded in a job
 
     path = pending_dir(project_root) / f"{_digest(run.job_key)}.json"

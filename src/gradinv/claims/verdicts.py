@@ -1,56 +1,21 @@
-"""The papers' qualitative claims, checked against our result files.
+"""A claim's verdict on a result table: holds, fails or not evaluated, with the numbers.
 
-``workflow/claims.yaml`` lists each claim with its source (paper, section) and a check: a
-relation between two values of one column of a result, in every group of cells. For example
-"CENSOR gives lower SSIM than no defense for every attack and dataset" compares the ``defense``
-column's ``censor`` and ``none`` cells of Table I's SSIM, grouped by dataset and attack::
-
-    check:
-      table: table1          # results/table1_cells.csv (or "utility": results/utility.csv)
-      metrics: [ssim]
-      compare: defense       # the column whose two values are compared ...
-      left: censor
-      right: none            # ... or "others": every other value of the column, one at a time
-      relation: less         # less | greater | better (each by more than `tolerance`, default
-                             # 0) | within (|left - right| <= tolerance) | not_below (left
-                             # >= right - tolerance: "costs at most 1 point of accuracy")
-      over: [dataset, attack]
-
-``better`` reads the direction from the metric's arrow (higher MSE is better for the defender,
-lower SSIM is). What must hold across groups is ``expect``: ``all`` (the default), a fraction
-(``0.8``: "in almost all cases"), or ``only_where`` (the relation holds in the groups matching
-it and in no other: "Soteria beats CENSOR only against IG and GI").
-
-Where the table has published numbers (``workflow/reference/``), the same check also runs on
-them: ``paper_verdict`` says whether the paper's own table bears the claim out as encoded, which
-tests the encoding (a claim the paper's numbers do not support is worded or checked wrongly).
-
-A verdict is ``holds``, ``fails`` or ``not evaluated``, always with the numbers behind it and
-the scale of the run: a claim that fails on the scaled-down run is a finding about that run,
-reported as such. A group without both values (a cell with no runs) is never read as agreeing:
-the verdict is ``holds`` or ``fails`` only when it would be the same whichever way those groups
-went, and ``not evaluated`` otherwise, as it is when the table is not built, its result file is
-missing, or no group has both values. A metric that has no value in any cell of the selection
-(LPIPS without its pretrained weights) is left out of the check, and the note says so.
+The rules (groups without both values, metrics never computed, ``expect`` and ``only_where``)
+are described in ``gradinv.claims``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from gradinv.settings import ConfigError
+from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
 from gradinv.tables.aggregate import METRICS
 
 VERDICTS = ("holds", "fails", "not evaluated")
-RELATIONS = ("less", "greater", "better", "within", "not_below")
 COLUMNS = (
     "id",
     "paper",
@@ -66,128 +31,6 @@ COLUMNS = (
     "scale",
     "paper_verdict",
 )
-UTILITY = "utility"  # results/utility.csv: one line per defense, its accuracy columns
-
-
-class ClaimError(ConfigError):
-    """``claims.yaml`` is malformed: the message names the claim, the key and the fix."""
-
-
-@dataclass(frozen=True)
-class Check:
-    table: str
-    compare: str
-    left: str
-    right: str
-    relation: str
-    metrics: tuple[str, ...] = ()
-    over: tuple[str, ...] = ()
-    where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    tolerance: float = 0.0
-    expect: str | float = "all"
-    only_where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    paper: str
-    source: str
-    claim: str
-    check: Check
-
-
-def load_claims(path: str | os.PathLike[str]) -> list[Claim]:
-    """Read and validate ``claims.yaml``: every claim's keys, relation, metrics and id."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ClaimError(f"{path} is not valid YAML: {err}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
-        raise ClaimError(f"{path}: expected a mapping with a list under 'claims'.")
-    claims, seen = [], set()
-    for i, entry in enumerate(data["claims"]):
-        claim = _claim(entry, f"{path}: claims[{i}]")
-        if claim.id in seen:
-            raise ClaimError(f"{path}: claim id {claim.id!r} is listed twice; ids must be unique.")
-        seen.add(claim.id)
-        claims.append(claim)
-    return claims
-
-
-def _claim(entry: Any, where: str) -> Claim:
-    if not isinstance(entry, dict):
-        raise ClaimError(f"{where}: expected a mapping with id, paper, source, claim, check.")
-    keys = ("id", "paper", "source", "claim", "check")
-    _known(entry, keys, where)
-    for key in keys:
-        if key not in entry:
-            raise ClaimError(f"{where}: missing {key!r}.")
-    where = f"{where} ({entry['id']})"
-    check = entry["check"]
-    if not isinstance(check, dict):
-        raise ClaimError(f"{where}: 'check' must be a mapping.")
-    _known(check, Check.__dataclass_fields__, f"{where}.check")
-    for key in ("table", "compare", "left", "right", "relation"):
-        if key not in check:
-            raise ClaimError(f"{where}.check: missing {key!r}.")
-    if check["relation"] not in RELATIONS:
-        raise ClaimError(
-            f"{where}.check.relation: {check['relation']!r} is not one of {', '.join(RELATIONS)}."
-        )
-    metrics = tuple(check.get("metrics", ()))
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown and check["table"] != UTILITY:
-        raise ClaimError(
-            f"{where}.check.metrics: unknown metric(s) {unknown}; known: {', '.join(METRICS)}."
-        )
-    if check["relation"] == "better" and (not metrics or check["table"] == UTILITY):
-        raise ClaimError(f"{where}.check: 'better' needs the metrics of an attack table.")
-    expect = check.get("expect", "all")
-    if not (expect == "all" or (isinstance(expect, float | int) and 0 < expect <= 1)):
-        raise ClaimError(f"{where}.check.expect: 'all' or a fraction in (0, 1], not {expect!r}.")
-    if expect != "all" and check.get("only_where"):
-        raise ClaimError(f"{where}.check: give 'expect' or 'only_where', not both.")
-    return Claim(
-        id=str(entry["id"]),
-        paper=str(entry["paper"]),
-        source=str(entry["source"]),
-        claim=" ".join(str(entry["claim"]).split()),
-        check=Check(
-            table=str(check["table"]),
-            compare=str(check["compare"]),
-            left=str(check["left"]),
-            right=str(check["right"]),
-            relation=check["relation"],
-            metrics=metrics,
-            over=tuple(check.get("over", ())),
-            where=_selection(check.get("where", {}), f"{where}.check.where"),
-            tolerance=float(check.get("tolerance", 0.0)),
-            expect=expect,
-            only_where=_selection(check.get("only_where", {}), f"{where}.check.only_where"),
-        ),
-    )
-
-
-def _known(entry: Mapping[str, Any], keys: Iterable[str], where: str) -> None:
-    unknown = sorted(set(entry) - set(keys))
-    if unknown:
-        raise ClaimError(f"{where}: unknown key(s) {unknown}; known: {', '.join(keys)}.")
-
-
-def _selection(value: Any, where: str) -> dict[str, tuple[Any, ...]]:
-    if not isinstance(value, dict):
-        raise ClaimError(f"{where}: expected a mapping of column to value(s).")
-    return {k: tuple(v) if isinstance(v, list) else (v,) for k, v in value.items()}
-
-
-def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
-    """The file a check reads: an attack table's cells, or the utility table."""
-    name = "utility.csv" if table == UTILITY else f"{table}_cells.csv"
-    return Path(results) / name
-
-
-# --- evaluation ------------------------------------------------------------------------------
 
 
 def evaluate(
@@ -432,51 +275,3 @@ def _missing(value: Any) -> bool:
 
 def _fmt(value: Any) -> str:
     return f"{float(value):.4g}"
-
-
-# --- rendering -------------------------------------------------------------------------------
-
-
-def markdown(table: pd.DataFrame, scale: str) -> str:
-    """``results/claims.md``: the verdicts first, then every claim with its numbers."""
-    counts = table["verdict"].value_counts()
-    lines = [
-        "# The papers' claims, checked against this run",
-        "",
-        f"Scale of the run: **{scale}**."
-        + (
-            " SCALED-DOWN: the embedded setting (small model, embedded data, short attacks) "
-            "tests each claim on a setting the papers did not use; a claim that fails here is "
-            "a finding about this run, not a refutation of the paper."
-            if scale != "paper"
-            else ""
-        ),
-        "",
-        ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f" of {len(table)} claims.",
-        "",
-        "`groups`: in how many of the compared groups (dataset, attack, metric, ...) the "
-        "relation held, of those with both values (a group without them never counts for a "
-        "claim); `on the paper's numbers`: the same check on the published table, where there "
-        "is one (it tests how the claim is encoded).",
-        "",
-        "| claim | paper | source | verdict | groups | on the paper's numbers |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in table.itertuples(index=False):
-        groups = f"{r.satisfied}/{r.evaluated}" if r.evaluated else "-"
-        if r.evaluated and r.groups > r.evaluated:
-            groups += f" ({r.groups - r.evaluated} without values)"
-        lines.append(
-            f"| `{r.id}` | {r.paper} | {r.source} | **{r.verdict}** | {groups} | "
-            f"{r.paper_verdict or '-'} |"
-        )
-    lines.append("")
-    for r in table.itertuples(index=False):
-        lines += [f"## `{r.id}`: {r.verdict}", "", f"> {r.claim}", ""]
-        lines.append(f"{r.paper}, {r.source}; checked on `{r.table}`.")
-        if r.reason:
-            lines += ["", f"Note: {r.reason}."]
-        if r.evidence:
-            lines += ["", *(f"- {part}" for part in str(r.evidence).split("; "))]
-        lines.append("")
-    return "\n".join(lines)

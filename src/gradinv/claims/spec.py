@@ -1,0 +1,139 @@
+"""``workflow/claims.yaml`` read and validated: each claim, its source and its check.
+
+The format is described in ``gradinv.claims``; an unknown key, relation or metric is a
+``ClaimError`` that names the claim, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gradinv.settings import ConfigError
+from gradinv.tables.aggregate import METRICS
+
+RELATIONS = ("less", "greater", "better", "within", "not_below")
+UTILITY = "utility"  # results/utility.csv: one line per defense, its accuracy columns
+
+
+class ClaimError(ConfigError):
+    """``claims.yaml`` is malformed: the message names the claim, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Check:
+    table: str
+    compare: str
+    left: str
+    right: str
+    relation: str
+    metrics: tuple[str, ...] = ()
+    over: tuple[str, ...] = ()
+    where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    tolerance: float = 0.0
+    expect: str | float = "all"
+    only_where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: str
+    source: str
+    claim: str
+    check: Check
+
+
+def load_claims(path: str | os.PathLike[str]) -> list[Claim]:
+    """Read and validate ``claims.yaml``: every claim's keys, relation, metrics and id."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ClaimError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
+        raise ClaimError(f"{path}: expected a mapping with a list under 'claims'.")
+    claims, seen = [], set()
+    for i, entry in enumerate(data["claims"]):
+        claim = _claim(entry, f"{path}: claims[{i}]")
+        if claim.id in seen:
+            raise ClaimError(f"{path}: claim id {claim.id!r} is listed twice; ids must be unique.")
+        seen.add(claim.id)
+        claims.append(claim)
+    return claims
+
+
+def _claim(entry: Any, where: str) -> Claim:
+    if not isinstance(entry, dict):
+        raise ClaimError(f"{where}: expected a mapping with id, paper, source, claim, check.")
+    keys = ("id", "paper", "source", "claim", "check")
+    _known(entry, keys, where)
+    for key in keys:
+        if key not in entry:
+            raise ClaimError(f"{where}: missing {key!r}.")
+    where = f"{where} ({entry['id']})"
+    check = entry["check"]
+    if not isinstance(check, dict):
+        raise ClaimError(f"{where}: 'check' must be a mapping.")
+    _known(check, Check.__dataclass_fields__, f"{where}.check")
+    for key in ("table", "compare", "left", "right", "relation"):
+        if key not in check:
+            raise ClaimError(f"{where}.check: missing {key!r}.")
+    if check["relation"] not in RELATIONS:
+        raise ClaimError(
+            f"{where}.check.relation: {check['relation']!r} is not one of {', '.join(RELATIONS)}."
+        )
+    metrics = tuple(check.get("metrics", ()))
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown and check["table"] != UTILITY:
+        raise ClaimError(
+            f"{where}.check.metrics: unknown metric(s) {unknown}; known: {', '.join(METRICS)}."
+        )
+    if check["relation"] == "better" and (not metrics or check["table"] == UTILITY):
+        raise ClaimError(f"{where}.check: 'better' needs the metrics of an attack table.")
+    expect = check.get("expect", "all")
+    if not (expect == "all" or (isinstance(expect, float | int) and 0 < expect <= 1)):
+        raise ClaimError(f"{where}.check.expect: 'all' or a fraction in (0, 1], not {expect!r}.")
+    if expect != "all" and check.get("only_where"):
+        raise ClaimError(f"{where}.check: give 'expect' or 'only_where', not both.")
+    return Claim(
+        id=str(entry["id"]),
+        paper=str(entry["paper"]),
+        source=str(entry["source"]),
+        claim=" ".join(str(entry["claim"]).split()),
+        check=Check(
+            table=str(check["table"]),
+            compare=str(check["compare"]),
+            left=str(check["left"]),
+            right=str(check["right"]),
+            relation=check["relation"],
+            metrics=metrics,
+            over=tuple(check.get("over", ())),
+            where=_selection(check.get("where", {}), f"{where}.check.where"),
+            tolerance=float(check.get("tolerance", 0.0)),
+            expect=expect,
+            only_where=_selection(check.get("only_where", {}), f"{where}.check.only_where"),
+        ),
+    )
+
+
+def _known(entry: Mapping[str, Any], keys: Iterable[str], where: str) -> None:
+    unknown = sorted(set(entry) - set(keys))
+    if unknown:
+        raise ClaimError(f"{where}: unknown key(s) {unknown}; known: {', '.join(keys)}.")
+
+
+def _selection(value: Any, where: str) -> dict[str, tuple[Any, ...]]:
+    if not isinstance(value, dict):
+        raise ClaimError(f"{where}: expected a mapping of column to value(s).")
+    return {k: tuple(v) if isinstance(v, list) else (v,) for k, v in value.items()}
+
+
+def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
+    """The file a check reads: an attack table's cells, or the utility table."""
+    name = "utility.csv" if table == UTILITY else f"{table}_cells.csv"
+    return Path(results) / name
