@@ -16,8 +16,9 @@ from gradinv.tables.aggregate import (
     widen,
 )
 from gradinv.tables.compare import COMPARISON_COLUMNS, read_reference, vs_paper
-from gradinv.tables.figures import GridEntry, reconstruction_grid, table_figure
+from gradinv.tables.figures import table_figure
 from gradinv.tables.files import DEFAULT_METRICS, MetricsFileError, collect
+from gradinv.tables.grid import GridEntry, reconstruction_grid
 from gradinv.tables.render import render_table, write_csv
 
 __all__ = [
