@@ -58,7 +58,7 @@ def test_dataset_declares_its_interface(name):
     assert s.image_size >= 8
     schema = settings_schema(cls.Settings)
     assert schema["additionalProperties"] is False
-    with pytest.raises(ConfigError, match=rf"data\.{name}\.imagesize: unknown key"):
+    with pytest.raises(ConfigError, match=rf"data\.sources\.{name}\.imagesize: unknown key"):
         dataset_settings(name, {"imagesize": 32})
 
 
@@ -135,7 +135,7 @@ def test_patch_boxes_say_where_each_patch_was_cut():
 def test_patch_settings_are_checked():
     with pytest.raises(ConfigError, match="unknown photo 'lena'"):
         dataset_settings("patches", {"photos": ["astronaut", "lena"]})
-    with pytest.raises(ConfigError, match=r"data\.patches\.val_fraction"):
+    with pytest.raises(ConfigError, match=r"data\.sources\.patches\.val_fraction"):
         dataset_settings("patches", {"val_fraction": 1.5})
     s = dataset_settings("patches", {"photos": ["coins", "camera"], "val_per_class": 10**6})
     with pytest.raises(ConfigError, match="distinct patch positions"):
@@ -293,7 +293,7 @@ def test_imagenet_missing_folder_names_the_key(tmp_path):
     s = dataset_settings("imagenet", {"root": str(tmp_path / "nowhere")})
     with pytest.raises(DatasetNotFoundError) as err:
         DATASETS.get("imagenet").load(s, tmp_path, 0)
-    assert "data.imagenet.root" in str(err.value) and "nowhere" in str(err.value)
+    assert "data.sources.imagenet.root" in str(err.value) and "nowhere" in str(err.value)
     assert "one sub-folder per class" in str(err.value)
     assert isinstance(err.value, FileNotFoundError)
 
@@ -326,11 +326,11 @@ def test_imagenet_folder_loader(tmp_path):
 
 def test_ffhq_missing_folders_name_the_keys(tmp_path):
     s = dataset_settings("ffhq", {"root": str(tmp_path / "none"), "labels": str(tmp_path)})
-    with pytest.raises(DatasetNotFoundError, match=r"data\.ffhq\.root"):
+    with pytest.raises(DatasetNotFoundError, match=r"data\.sources\.ffhq\.root"):
         DATASETS.get("ffhq").load(s, tmp_path, 0)
     _png(tmp_path / "img" / "00000.png", COLOURS[0])
     s = dataset_settings("ffhq", {"root": str(tmp_path / "img"), "labels": str(tmp_path / "json")})
-    with pytest.raises(DatasetNotFoundError, match=r"data\.ffhq\.labels"):
+    with pytest.raises(DatasetNotFoundError, match=r"data\.sources\.ffhq\.labels"):
         DATASETS.get("ffhq").load(s, tmp_path, 0)
 
 

@@ -130,7 +130,7 @@ def test_cifar_tampered_archive_fails_its_checksum(server, tmp_path, monkeypatch
     with pytest.raises(DownloadError) as err:
         load("cifar10", {"mirror": f"{server.url}/bad"}, tmp_path / "raw")
     assert "corrupted" in str(err.value) and f"{server.url}/bad/" in str(err.value)
-    assert "data.cifar10.mirror" in str(err.value)
+    assert "data.sources.cifar10.mirror" in str(err.value)
     assert set(server.requests) == {"/bad/cifar-10-python.tar.gz"}
 
 

@@ -226,7 +226,7 @@ def test_extract_tar_refuses_members_that_escape_and_writes_nothing(tmp_path, ca
     message = str(err.value)
     assert "refusing to extract" in message and str(archive) in message
     assert repr(members[-1].name) in message or repr(members[-2].name) in message
-    assert "data.cifar10.mirror" in message
+    assert "data.sources.cifar10.mirror" in message
     assert not archive.exists()  # deleted: its MD5 matched, so a rerun would unpack it again
     assert files_under(target) == {}
     assert files_under(tmp_path) == {p: v for p, v in before.items() if p != archive} | {
@@ -296,7 +296,7 @@ def test_a_download_with_the_wrong_md5_is_deleted_and_explained(server, tmp_path
     message = str(err.value)
     for part in ("file.bin", url, f"expected {md5(GOOD)}", f"MD5 is {md5(BAD)}", "corrupted"):
         assert part in message
-    assert "data.svhn.mirror" in message and "download it again" in message
+    assert "data.sources.svhn.mirror" in message and "download it again" in message
     assert "deleted" in message and "nothing was written" in message
     assert files_under(dest.parent) == {}  # neither the file nor a temporary copy
 

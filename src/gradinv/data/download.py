@@ -71,9 +71,9 @@ def md5_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def _fix(name: str, dest: Path, md5: str) -> str:
     return (
-        f"Check that data.{name}.mirror in params.yaml (empty = the official URL) serves the "
-        f"official file and rerun to download it again, or put the verified file at {dest} by "
-        f"hand (MD5 {md5})."
+        f"Check that data.sources.{name}.mirror in params.yaml (empty = the official URL) "
+        f"serves the official file and rerun to download it again, or put the verified file at "
+        f"{dest} by hand (MD5 {md5})."
     )
 
 
@@ -187,8 +187,8 @@ def extract_tar(archive: Path, target: Path, *, name: str) -> None:
                     raise DownloadError(
                         f"{name}: refusing to extract {archive}: its member {member.name!r} "
                         f"{why}. Nothing was extracted and the archive was deleted; it is not "
-                        f"the official file. Check data.{name}.mirror in params.yaml (empty = "
-                        f"the official URL) and rerun to download it again."
+                        f"the official file. Check data.sources.{name}.mirror in params.yaml "
+                        f"(empty = the official URL) and rerun to download it again."
                     )
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(target, members=members, filter="data")
@@ -215,8 +215,8 @@ def verify(name: str, files: list[tuple[Path, str]]) -> None:
             path.unlink(missing_ok=True)
             raise DownloadError(
                 f"{name}: {path} fails its MD5 check (expected {md5}, found {actual}); it was "
-                f"deleted. Rerun to download and extract it again, or check data.{name}.mirror "
-                f"in params.yaml (empty = the official URL)."
+                f"deleted. Rerun to download and extract it again, or check "
+                f"data.sources.{name}.mirror in params.yaml (empty = the official URL)."
             )
 
 

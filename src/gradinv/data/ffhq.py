@@ -64,7 +64,7 @@ class Ffhq(DatasetSource):
             raise DatasetNotFoundError(
                 f"FFHQ: none of the {len(images)} images in {s.root} has an age in {s.labels}; "
                 f"names must match by stem (00042.png <-> 00042.json or a CSV row '00042.png,"
-                f"31'). Check data.ffhq.root and data.ffhq.labels in params.yaml."
+                f"31'). Check data.sources.ffhq.root and data.sources.ffhq.labels in params.yaml."
             )
         if skipped:
             warnings.warn(
@@ -93,8 +93,8 @@ class Ffhq(DatasetSource):
 def find_images(folder: Path) -> list[Path]:
     fix = (
         "Put the FFHQ images there (e.g. thumbnails128x128/ or images1024x1024/ from "
-        "NVlabs/ffhq-dataset; sub-folders are searched), or set data.ffhq.root in params.yaml "
-        "to the folder that holds them."
+        "NVlabs/ffhq-dataset; sub-folders are searched), or set data.sources.ffhq.root in "
+        "params.yaml to the folder that holds them."
     )
     if not folder.is_dir():
         raise DatasetNotFoundError(f"FFHQ image folder not found: {folder} does not exist. {fix}")
@@ -116,7 +116,7 @@ def read_ages(source: Path) -> dict[str, float | None]:
     fix = (
         "Put the ffhq-features-dataset json/ folder there (one 00042.json per image, "
         "DCGM/ffhq-features-dataset), or a CSV with header 'image,age', and set "
-        "data.ffhq.labels in params.yaml to it."
+        "data.sources.ffhq.labels in params.yaml to it."
     )
     if source.is_file() and source.suffix.lower() == ".csv":
         return read_age_csv(source)

@@ -57,9 +57,9 @@ class ImageNet(DatasetSource):
             if train_classes != val_classes:
                 missing = sorted(set(val_classes) ^ set(train_classes))[:5]
                 raise DatasetNotFoundError(
-                    f"data.imagenet.train_root ({s.train_root}) and data.imagenet.root "
-                    f"({s.root}) must hold the same class folders; they differ in "
-                    f"{', '.join(missing)}..."
+                    f"data.sources.imagenet.train_root ({s.train_root}) and "
+                    f"data.sources.imagenet.root ({s.root}) must hold the same class folders; "
+                    f"they differ in {', '.join(missing)}..."
                 )
             how = f"train images from {s.train_root}"
         else:
@@ -91,7 +91,7 @@ def scan(folder: Path, key: str, limit: int) -> tuple[list[str], list[Path], lis
     fix = (
         f"Put the ILSVRC2012 {split} images there, one sub-folder per class (wnid), e.g. "
         f"{folder}/n01440764/ILSVRC2012_val_00000293.JPEG (the layout of "
-        f"torchvision.datasets.ImageFolder), or set data.imagenet.{key} in params.yaml to "
+        f"torchvision.datasets.ImageFolder), or set data.sources.imagenet.{key} in params.yaml to "
         f"the folder that holds them."
     )
     if not folder.is_dir():

@@ -79,7 +79,7 @@ def load_photo(name: str, source_side: int) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing: this scikit-image wheel does not bundle "
-            f"{name!r}; drop it from data.patches.photos in params.yaml."
+            f"{name!r}; drop it from data.sources.patches.photos in params.yaml."
         )
     with Image.open(path) as img:
         img = img.convert("RGB")
@@ -123,11 +123,11 @@ class Patches(DatasetSource):
             unknown = [p for p in self.photos if p not in PHOTOS]
             if unknown:
                 raise ConfigError(
-                    f"data.patches.photos: unknown photo {unknown[0]!r}; "
+                    f"data.sources.patches.photos: unknown photo {unknown[0]!r}; "
                     f"available: {', '.join(PHOTOS)}."
                 )
             if len(set(self.photos)) != len(self.photos) or len(self.photos) < 2:
-                raise ConfigError("data.patches.photos: list at least two distinct photos.")
+                raise ConfigError("data.sources.patches.photos: list at least two distinct photos.")
 
     @classmethod
     def val_size(cls, settings: Any) -> int:
@@ -182,9 +182,9 @@ def regions(shape: tuple[int, int], s: Patches.Settings) -> tuple[Box, Box]:
     train_len = length - val_len - s.gap
     if min(val_len, train_len, h, w) < s.image_size:
         raise ConfigError(
-            f"data.patches: a {h}x{w} photo leaves a {train_len}-px train and a {val_len}-px "
-            f"validation strip, too small for {s.image_size}-px patches; raise source_side or "
-            f"lower image_size/gap."
+            f"data.sources.patches: a {h}x{w} photo leaves a {train_len}-px train and a "
+            f"{val_len}-px validation strip, too small for {s.image_size}-px patches; raise "
+            f"source_side or lower image_size/gap."
         )
     if long_axis == 0:
         return (0, 0, train_len, w), (length - val_len, 0, h, w)
@@ -199,7 +199,7 @@ def sample_corners(
     rows, cols = bottom - top - size + 1, right - left - size + 1
     if n > rows * cols:
         raise ConfigError(
-            f"data.patches: {what} has only {rows * cols} distinct patch positions "
+            f"data.sources.patches: {what} has only {rows * cols} distinct patch positions "
             f"but {n} were asked for; lower train_per_class/val_per_class or raise "
             f"source_side."
         )

@@ -32,8 +32,8 @@ def remedy(name: str) -> str:
 
 
 def dataset_settings(name: str, values: dict[str, Any] | None) -> Any:
-    """The frozen settings of dataset ``name`` from its ``data.<name>`` block of params.yaml."""
-    return from_mapping(DATASETS.get(name).Settings, values, where=f"data.{name}")
+    """The frozen settings of dataset ``name`` from params.yaml's ``data.sources.<name>``."""
+    return from_mapping(DATASETS.get(name).Settings, values, where=f"data.sources.{name}")
 
 
 def channel_stats(images: Tensor) -> tuple[list[float], list[float]]:

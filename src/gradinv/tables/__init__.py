@@ -1,4 +1,5 @@
-"""Paper tables and figures, rendered from the per-run metrics files alone (STYLE principle 7).
+"""Paper tables and figures, rendered from the per-run metrics files alone: MLflow mirrors
+the runs for browsing and is never the source of a table.
 
 ``render_table`` is the entry point: metrics files in, ``<name>.csv``, ``<name>.md``,
 ``<name>_vs_paper.csv`` and ``figures/<name>.png`` out. The pieces (``collect``, ``long_table``,

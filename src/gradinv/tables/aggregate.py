@@ -3,7 +3,7 @@
 A cell is one (row, attack, metric): the mean over the victims whose run finished (``status``
 "ok"), the standard deviation of those values, how many went in (``n``) and how many failed.
 
-Why these rules (STYLE principle 11):
+Why these rules (failures are loud and recorded):
 * A failed victim is never averaged in and never dropped: it is counted in ``failed`` and its
   reason is kept in the cell's ``note``. An "ok" run whose metric is NaN/inf is counted as failed
   for that metric, because averaging it would poison the mean and skipping it would hide it.

@@ -1,6 +1,6 @@
 """Read the per-run metrics files that every table and figure is rendered from.
 
-Results are data (STYLE principle 7): each attack job writes one flat JSON file, and a table is a
+Results are data: each attack job writes one flat JSON file, and a table is a
 pure function of those files. This module is the only place that reads them, so a malformed file
 fails here, by name, instead of turning into a quietly wrong average three steps later.
 """
