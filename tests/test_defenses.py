@@ -17,7 +17,7 @@ FEW_STEPS = {"refiner": {"iterations": 2}, "dcs2": {"iterations": 2}}
 def _defense(kind, settings=None, **kwargs):
     """``kind`` as the stages build it: with the data's normalization and, for Refiner, a small
     evaluation network (random weights: the checks here hold for any differentiable one)."""
-    from gradinv.metrics.noise_ratio import EvaluationNetwork
+    from gradinv.metrics.evaluation_network import EvaluationNetwork
 
     network = None
     if DEFENSES.get(kind).needs_evaluation_network:

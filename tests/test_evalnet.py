@@ -16,7 +16,7 @@ from torch import nn
 from gradinv.cli import main
 from gradinv.io import CorruptFileError, load_tensors, save_tensors
 from gradinv.metrics import METRICS, MetricSettings, score
-from gradinv.metrics.noise_ratio import (
+from gradinv.metrics.evaluation_network import (
     EvaluationNetwork,
     EvaluationNetworkSettings,
     EvaluationNetworkUnavailableWarning,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from digits import MEAN, SPEC, STD, digits, fl_accuracy
 from gradinv.defenses import build_defense, gradients_of
-from gradinv.metrics.noise_ratio import EvaluationNetwork
+from gradinv.metrics.evaluation_network import EvaluationNetwork
 from gradinv.models import build_model
 from gradinv.protocol import normalize
 

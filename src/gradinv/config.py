@@ -89,7 +89,7 @@ def full_schema() -> dict[str, Any]:
         "additionalProperties": False,
     }
     from gradinv.metrics.base import MetricSettings
-    from gradinv.metrics.noise_ratio import EvaluationNetworkSettings
+    from gradinv.metrics.evaluation_network import EvaluationNetworkSettings
 
     schema["properties"]["evaluation_network"] |= settings_schema(EvaluationNetworkSettings, _NAMED)
     # metrics: `names` is the static schema's; every other key is a MetricSettings field

@@ -50,7 +50,7 @@ def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[s
     """The files a client running ``defense`` reads besides the model and its data: Refiner's
     evaluation network (rules train, capture, train_utility and the convergence study)."""
     from gradinv.defenses import DEFENSES
-    from gradinv.metrics.noise_ratio import evaluation_network_path
+    from gradinv.metrics.evaluation_network import evaluation_network_path
 
     if DEFENSES.get(config["defenses"][defense]["kind"]).needs_evaluation_network:
         return [evaluation_network_path(dataset)]
@@ -60,7 +60,7 @@ def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[s
 def metric_assets(config: dict[str, Any], dataset: str) -> list[str]:
     """The files the score stage reads to compute ``metrics.names``: the evaluation network of
     the noise_ratio metric, unless ``metrics.evaluation_network`` names one."""
-    from gradinv.metrics.noise_ratio import evaluation_network_path
+    from gradinv.metrics.evaluation_network import evaluation_network_path
 
     metrics = config["metrics"]
     if "noise_ratio" in metrics["names"] and not metrics["evaluation_network"]:

@@ -82,7 +82,7 @@ class Defense:
     # True for a defense that changes the model (wrap_model) rather than, or besides, the update.
     architectural: ClassVar[bool] = False
     # True for a defense that needs Refiner's evaluation network (the noise-ratio predictor,
-    # gradinv.metrics.noise_ratio): the stages then load the dataset's network and pass it.
+    # gradinv.metrics.evaluation_network): the stages then load the dataset's network and pass it.
     needs_evaluation_network: ClassVar[bool] = False
     update_lr: float | None = None  # the client's step size, set by build_defense
     # Public (non-private) images and labels, as model inputs, for defenses that draw directions

@@ -8,7 +8,7 @@ sees mostly noise in them). Section 3 of the paper:
     x* = argmin_x*  UM(x*, x) - beta * PM(x*)                                         (Eq. 2)
     UM = || weight * (grad L(x*) - g) ||^2,  weight(theta[i]) = |g[i] * theta[i] * tau^i|  (3-4)
 
-PM is the evaluation network's predicted noise ratio of x* (``gradinv.metrics.noise_ratio``,
+PM is the evaluation network's predicted noise ratio of x* (``gradinv.metrics.evaluation_network``,
 trained by the pipeline on the dataset's public split, Appendix D). The search starts from the
 noise-blended x* = (1 - alpha) x + alpha v, v ~ U(0, 1) (Section 3.4), runs ``iterations`` (iota)
 steps, and the shared gradient is projected to within epsilon of g (Appendix J): g* when

@@ -94,7 +94,7 @@ def client_defense(
     the defense's settings use one) and Refiner's evaluation network (the job's file)."""
     from gradinv.config import method_settings
     from gradinv.defenses import DEFENSES, build_defense, defense_settings
-    from gradinv.metrics.noise_ratio import load_evaluation_network
+    from gradinv.metrics.evaluation_network import load_evaluation_network
 
     block, where = settings["defense"], f"defenses.{settings['defense_name']}"
     kind = block["kind"]

@@ -21,7 +21,7 @@ import torch
 from gradinv.config import method_settings
 from gradinv.data import PreparedDataset, load_prepared, read_partition, read_public
 from gradinv.io import atomic_path, sha256_file, sha256_json
-from gradinv.metrics.noise_ratio import (
+from gradinv.metrics.evaluation_network import (
     PRIVACY_THRESHOLD,
     EvaluationNetworkSettings,
     calibration,

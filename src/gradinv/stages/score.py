@@ -12,7 +12,7 @@ from typing import Any
 
 from gradinv.io import load_tensors, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
-from gradinv.metrics.noise_ratio import resolve_evaluation_network, weights_digest
+from gradinv.metrics.evaluation_network import resolve_evaluation_network, weights_digest
 from gradinv.settings import from_mapping
 from gradinv.stages.common import project_path, record, setup
 

@@ -19,7 +19,7 @@ from gradinv.data import load_prepared, read_partition
 from gradinv.fl.official import OfficialLoop, train_official
 from gradinv.fl.server import FLSettings, TrainingDiverged, train
 from gradinv.io import save_tensors, sha256_file, sha256_json, write_json
-from gradinv.metrics.noise_ratio import weights_digest
+from gradinv.metrics.evaluation_network import weights_digest
 from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, normalize
