@@ -122,6 +122,19 @@ def test_within_and_tolerance(tmp_path):
     assert list(table["verdict"]) == expected
 
 
+def test_an_accuracy_claim_shows_each_runs_spread(tmp_path):
+    """A single run's accuracy moves between evaluations; the evidence says by how much, so a
+    verdict decided by less than that is seen to be."""
+    utility = pd.DataFrame(
+        {"defense": ["none", "dcs2"], "accuracy": [50.0, 49.5], "accuracy_spread": [6.0, None]}
+    )
+    check = dict(table="utility", metrics=["accuracy"], over=[], left="dcs2", right="none")
+    claims = _claims(tmp_path, {**_check(**check), "relation": "within", "tolerance": 1.0})
+    table = evaluate(claims, {"utility": utility}, "embedded")
+    assert table.loc[0, "verdict"] == "holds"
+    assert table.loc[0, "evidence"] == "all: dcs2 49.5 vs none 50 ± 6 (yes)"
+
+
 def test_missing_values_and_tables_are_not_evaluated_with_the_reason(tmp_path):
     claims = _claims(tmp_path, _check(left="refiner"), _check(table="absent"))
     table = evaluate(claims, {"t": TABLE}, "paper")

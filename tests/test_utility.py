@@ -51,6 +51,9 @@ def test_each_defense_is_relative_to_no_defense_and_a_failed_run_keeps_its_row()
     assert abs(table.loc["dp_sgd", "accuracy"] - 40.0) < 1e-9
     assert abs(table.loc["dp_sgd", "relative_accuracy"] - 0.5) < 1e-9
     assert abs(table.loc["dp_sgd", "difference"] + 40.0) < 1e-9
+    # the spread is the sample std of the same two evaluations, 30% and 50%, in points
+    assert abs(table.loc["dp_sgd", "accuracy_spread"] - 14.142136) < 1e-5
+    assert pd.isna(table.loc["noise", "accuracy_spread"])
     assert table.loc["dp_sgd", "epsilon"] == 3.5 and pd.isna(table.loc["none", "epsilon"])
     assert table.loc["dp_sgd", "setting"] == "clip=1.0, noise_multiplier=1.0"
     assert table.loc["dp_sgd", "seconds_per_round"] == 2.0
@@ -68,4 +71,4 @@ def test_the_report_writes_the_csv_and_a_labelled_markdown(tmp_path):
     run(SETTINGS, paths, tmp_path)
     assert list(pd.read_csv(tmp_path / "utility.csv")["defense"]) == ["none", "dp_sgd"]
     md = (tmp_path / "utility.md").read_text()
-    assert "SCALED-DOWN" in md and "| DP-SGD | clip=1.0, noise_multiplier=1.0 | 25.00 | 0.500" in md
+    assert "SCALED-DOWN" in md and "| DP-SGD | clip=1.0, noise_multiplier=1.0 | 25.00 ± 0.00 | 0.500" in md

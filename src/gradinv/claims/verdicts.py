@@ -243,9 +243,20 @@ def _compare(check: Check, name: str, group: pd.DataFrame) -> tuple[bool | None,
         return None, f"{name}: no value for {', '.join(map(str, absent or [check.right]))}"
     metric = str(group["metric"].iloc[0])
     results = [_holds(check, metric, float(left), float(v)) for _, v in rights]
-    parts = ", ".join(f"{r} {_fmt(v)}" for r, v in rights)
+    spread = _spreads(group, check.compare, metric)
+    parts = ", ".join(f"{r} {_fmt(v)}{spread.get(r, '')}" for r, v in rights)
     mark = "yes" if all(results) else "no"
-    return all(results), f"{name}: {check.left} {_fmt(left)} vs {parts} ({mark})"
+    left_text = f"{check.left} {_fmt(left)}{spread.get(check.left, '')}"
+    return all(results), f"{name}: {left_text} vs {parts} ({mark})"
+
+
+def _spreads(group: pd.DataFrame, compare: str, metric: str) -> dict[str, str]:
+    """For the utility table's accuracy, each value's spread (the standard deviation of the
+    evaluations it averages) as " ± x", so that a reader sees when a difference is within it."""
+    if metric != "accuracy" or "accuracy_spread" not in group.columns:
+        return {}
+    spreads = group.groupby(compare, sort=False)["accuracy_spread"].first()
+    return {str(k): f" ± {_fmt(v)}" for k, v in spreads.items() if not _missing(v)}
 
 
 def _holds(check: Check, metric: str, left: float, right: float) -> bool:

@@ -12,6 +12,7 @@ epsilon for a defense that accounts one (DP-SGD) and the training time per round
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ COLUMNS = (
     "kind",
     "setting",
     "accuracy",
+    "accuracy_spread",
     "relative_accuracy",
     "difference",
     "round",
@@ -52,6 +54,7 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
     last = settings["utility"]["average_last"]
     finals = {s["defense"]: final_accuracy(s, last) for s in runs}
     reference = finals.get(REFERENCE, (None, None))[0]
+    spreads = {s["defense"]: accuracy_spread(s, last) for s in runs}
     rows = []
     for s in sorted(runs, key=lambda s: order.index(s["defense"])):
         accuracy, at_round = finals[s["defense"]]
@@ -65,6 +68,7 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
                 "kind": block["kind"],
                 "setting": describe(block),
                 "accuracy": accuracy,
+                "accuracy_spread": spreads[s["defense"]],
                 "relative_accuracy": None
                 if accuracy is None or not reference
                 else accuracy / reference,
@@ -121,6 +125,17 @@ def final_accuracy(summary: dict[str, Any], last: int) -> tuple[float | None, in
     return 100.0 * mean, int(evals[-1]["round"])
 
 
+def accuracy_spread(summary: dict[str, Any], last: int) -> float | None:
+    """The sample standard deviation (percentage points) of the ``last`` evaluations that
+    :func:`final_accuracy` averages: how far one run's reading moves from one evaluation to the
+    next. Two defenses closer than this are not told apart by one run each."""
+    evals = [float(p["test_accuracy"]) for p in summary["history"] if "test_accuracy" in p]
+    evals = evals[-last:]
+    if summary["status"] != "ok" or len(evals) < 2:
+        return None
+    return 100.0 * statistics.stdev(evals)
+
+
 def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[str, Any]) -> str:
     study = settings["utility"]
     lines = [f"# {study['title']}", ""]
@@ -128,7 +143,9 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
         lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
     lines += [
         f"Test accuracy (%) after FL training under each defense, the mean of the last "
-        f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds); "
+        f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds), "
+        "± their standard deviation: one run's reading moves that much from one evaluation to "
+        "the next, so smaller differences between two defenses mean little; "
         "*relative* is the accuracy over the accuracy without a defense (Refiner's PMM); "
         "epsilon is the privacy budget a defense accounts (DP-SGD, at the delta of its setting).",
         "",
@@ -140,8 +157,10 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
         return "" if v is None or pd.isna(v) else format(v, fmt)
 
     for r in table.to_dict("records"):
+        spread = num(r["accuracy_spread"], ".2f")
         lines.append(
-            f"| {r['label']} | {r['setting']} | {num(r['accuracy'], '.2f')} | "
+            f"| {r['label']} | {r['setting']} | {num(r['accuracy'], '.2f')}"
+            f"{' ± ' + spread if spread else ''} | "
             f"{num(r['relative_accuracy'], '.3f')} | {num(r['difference'], '+.2f')} | "
             f"{num(r['epsilon'], '.3g')} | {num(r['seconds_per_round'], '.3f')} | "
             f"{r['failure']} |"
