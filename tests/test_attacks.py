@@ -348,3 +348,16 @@ def test_transform_aware_leaves_a_randomized_defense_to_eot():
     match = attack.gradient_match(shared, names, grads, cosine_distances)
     assert match.transform is None and match.samples is None
     assert "not deterministic" in attack.transform_note
+
+
+def test_an_attack_seed_is_the_same_however_its_output_path_is_spelled(tmp_path, monkeypatch):
+    """Rerunning one cell by hand (``./results/...`` or an absolute path) reconstructs what the
+    workflow did: the seed derives from the output path relative to the project."""
+    from gradinv.stages.common import job_identity
+
+    monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    spellings = ["results/attacks/a/victim0.pt", "./results/attacks/a/victim0.pt"]
+    spellings.append(str(tmp_path / "results/attacks/a/victim0.pt"))
+    assert {job_identity(p) for p in spellings} == {"results/attacks/a/victim0.pt"}
+    assert job_identity("/elsewhere/victim0.pt") == "/elsewhere/victim0.pt"

@@ -317,6 +317,7 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
             "attack": "ig",
             "attack_label": "IG",
             "victim": 0,
+            "status": "ok",
         }
         write_json(run / "metrics.json", row)
         save_tensors(run / "attack.pt", {"status": "ok", "images": image[None]})
@@ -327,7 +328,14 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
         "title": "CENSOR Fig. 10",
         "scale": "embedded",
         "public_defense": "censor_public",
-        "defenses": {"censor_public": {"public_class": POOL_CLASS, "public_images": 3}},
+        "defenses": {
+            "censor_public": {
+                "kind": "censor",
+                "source": "public",
+                "public_class": POOL_CLASS,
+                "public_images": 3,
+            }
+        },
     }
     public.run(settings, *files.values(), tmp_path / "prepared", tmp_path / "out")
     drift = pd.read_csv(tmp_path / "out" / "fig10_public_drift.csv").set_index("defense")

@@ -77,6 +77,31 @@ def test_every_defense_settings_are_frozen_and_validated(kind):
         build_defense(kind, {"no_such_key": 1}, where=f"defenses.{kind}")
 
 
+def _same(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("kind", DEFENSES.available())
+def test_every_defense_resumes_with_what_it_kept(kind):
+    """FL training saves a client's defense state with its progress: a fresh defense given it
+    holds the same state and counts on from the same statistics (CENSOR's fallbacks, DP-SGD's
+    clipped examples), so a resumed run's summary counts every round."""
+    model, x, y = _setup(kind)
+    defense = _defense(kind, update_lr=0.1)
+    for seed in (1, 2):
+        defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(seed))
+    fresh = _defense(kind, update_lr=0.1)
+    fresh.load_state_dict(defense.state_dict())
+    assert _same(fresh.state_dict(), defense.state_dict())
+    assert getattr(fresh, "stats", None) == getattr(defense, "stats", None)
+    if kind in ("censor", "dp_sgd"):
+        assert fresh.stats["updates"] == 2
+
+
 def test_no_defense_shares_the_true_gradient():
     model, x, y = _setup()
     true = gradients_of(model, x, y, F.cross_entropy)

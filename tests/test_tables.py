@@ -579,3 +579,19 @@ def test_an_adaptive_attack_read_from_the_plain_attacks_runs_is_a_column_of_its_
     assert cells.loc[("none", "ig_eot"), "attack_label"] == "IG+EOT"
     assert cells.loc[("noise", "ig_eot"), "mean"] == 15.5  # an attack that adapts runs its own
     assert "**metrics files**: 6" in out["markdown"].read_text(encoding="utf-8")
+
+
+def test_a_figure_shows_the_first_scored_image_beside_the_reconstruction_matched_to_it():
+    """A batch of 3 of which DCS² protected samples 1 and 2, the matching having put
+    reconstruction 1 against sample 1: the grid pairs them, not the batch's first images."""
+    import torch
+
+    from gradinv.stages.common import first_scored_pair
+
+    secret = {"images": torch.arange(3.0).view(3, 1, 1, 1)}
+    rec = {"status": "ok", "images": torch.arange(10.0, 12.0).view(2, 1, 1, 1)}
+    row = {"status": "ok", "scored_samples": [1, 2], "matching": [1, 0]}
+    original, reconstruction = first_scored_pair(row, rec, secret)
+    assert original.item() == 1.0 and reconstruction.item() == 11.0
+    failed = first_scored_pair({**row, "status": "failed"}, {"status": "failed"}, secret)
+    assert failed[0].item() == 1.0 and failed[1] is None

@@ -71,4 +71,7 @@ def test_the_report_writes_the_csv_and_a_labelled_markdown(tmp_path):
     run(SETTINGS, paths, tmp_path)
     assert list(pd.read_csv(tmp_path / "utility.csv")["defense"]) == ["none", "dp_sgd"]
     md = (tmp_path / "utility.md").read_text()
-    assert "SCALED-DOWN" in md and "| DP-SGD | clip=1.0, noise_multiplier=1.0 | 25.00 ± 0.00 | 0.500" in md
+    assert (
+        "SCALED-DOWN" in md
+        and "| DP-SGD | clip=1.0, noise_multiplier=1.0 | 25.00 ± 0.00 | 0.500" in md
+    )

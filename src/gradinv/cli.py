@@ -88,7 +88,7 @@ def _cmd_attack(a: argparse.Namespace) -> None:
     from gradinv.stages.attack import run
 
     generator = Path(a.generator) if a.generator else None
-    run(_settings(a.settings), Path(a.capture), Path(a.out), job=a.out, generator_file=generator)
+    run(_settings(a.settings), Path(a.capture), Path(a.out), generator_file=generator)
 
 
 def _cmd_train_generator(a: argparse.Namespace) -> None:

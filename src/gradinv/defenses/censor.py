@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -110,6 +110,14 @@ class Censor(Defense):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.stats = {"updates": 0, "fallbacks": 0, "cosine_sum": 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters behind the training summary's ``defense_stats``: a resumed run goes on
+        counting from where it stopped."""
+        return {"stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.update(state.get("stats", {}))  # progress saved before it kept them: none
 
     @classmethod
     def uses_public(cls, settings: Settings) -> bool:

@@ -78,6 +78,14 @@ class DPSGD(Defense):
             "accountant": s.accountant,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counters behind the training summary's ``defense_stats``: a resumed run goes on
+        counting from where it stopped."""
+        return {"stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.update(state.get("stats", {}))  # progress saved before it kept them: none
+
     def shared_update(
         self,
         model: nn.Module,

@@ -92,6 +92,8 @@ def train_official(
         optimizer.load_state_dict(saved["optimizer"])
         rng.bit_generator.state = saved["numpy_rng"]
         generator.set_state(saved["torch_rng"])
+        if "defense" in saved:  # progress saved before the loop kept the defense's state has none
+            defense.load_state_dict(saved["defense"])
         history, first = saved["history"], saved["epoch"] + 1
         progress.resumed(f"after epoch {saved['epoch'] + 1} of {loop.epochs}")
     else:
@@ -99,7 +101,11 @@ def train_official(
     for epoch in tqdm(range(first, loop.epochs), desc="epochs", mininterval=5.0):
         defended = epoch < loop.defended_epochs
         model.train()
-        _defended_step(model, train_x, train_y, defense if defended else None, loop, rng, generator)
+        try:
+            chosen = defense if defended else None
+            _defended_step(model, train_x, train_y, chosen, loop, rng, generator)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} in epoch {epoch + 1}", history) from None
         train_loss = _central_epoch(
             model, optimizer, train_x, train_y, loop, loop.defended_lr if defended else loop.lr, rng
         )
@@ -118,6 +124,7 @@ def train_official(
                     "optimizer": optimizer.state_dict(),
                     "numpy_rng": rng.bit_generator.state,
                     "torch_rng": generator.get_state(),
+                    "defense": defense.state_dict(),  # its counters, Refiner's warm start
                     "history": history,
                 }
             )

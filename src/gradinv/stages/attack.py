@@ -14,14 +14,14 @@ from gradinv.io import load_tensors, save_tensors, sha256_file, sha256_json
 from gradinv.progress import Progress
 from gradinv.protocol import ServerMessage, SharedUpdate
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, setup
+from gradinv.settings import ConfigError
+from gradinv.stages.common import derive_seed, job_identity, setup
 
 
 def run(
     settings: dict[str, Any],
     capture: Path,
     out: Path,
-    job: str,
     generator_file: Path | None = None,
 ) -> None:
     setup(settings)
@@ -44,11 +44,17 @@ def run(
         from gradinv.generators.files import load_generator
 
         name, block = settings["generator_name"], settings["generator"]
+        if generator_file is None:
+            raise ConfigError(
+                f"attack {settings['attack_name']} searches generator {name!r}'s latent space: "
+                f"pass its weights with --generator (Snakemake's rule does: data/generators/)."
+            )
         attack.use_generator(
             load_generator(name, block, generator_file),
             block.get("label_map", {}).get(settings["dataset"]),
         )
-    generator = torch.Generator().manual_seed(derive_seed(settings["seed"], "attack", job))
+    seed = derive_seed(settings["seed"], "attack", job_identity(out))  # however out is spelled
+    generator = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
     result: dict[str, Any] = {"status": "ok", "failure": None}
     try:

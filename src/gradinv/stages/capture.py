@@ -167,7 +167,7 @@ def run(
             """The client's update under ``chosen`` and its wall time (Refiner's Table 4)."""
             synchronize(device)
             start = time.perf_counter()
-            out, _ = client_update(
+            update, _ = client_update(
                 model,
                 inputs,
                 labels,
@@ -176,7 +176,7 @@ def run(
                 generator=torch.Generator().manual_seed(seed),
             )
             synchronize(device)
-            return out, time.perf_counter() - start
+            return update, time.perf_counter() - start
 
         # What the defense changed, measured on the client's side: the cosine between the shared
         # update and the update the client would have shared undefended. The undefended update

@@ -46,6 +46,32 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
+def job_identity(out: str | Path) -> str:
+    """A job's output path relative to the project, as Snakemake writes it: what a job's seed
+    derives from, so that ``results/x``, ``./results/x`` and ``/abs/project/results/x`` give one
+    seed (a path outside the project stays as it was given)."""
+    path = Path(out)
+    try:
+        return path.resolve().relative_to(project_root()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def first_scored_pair(
+    row: dict[str, Any], reconstruction: dict[str, Any], secret: dict[str, Any]
+) -> tuple[Tensor, Tensor | None]:
+    """The first private image the scoring stage scored and the reconstruction it was matched
+    to (``None`` if the attack failed): the pair a figure shows for one run. The batch's first
+    image is not it where the defense protects some samples only (DCS²: ``scored_samples``) or
+    the Hungarian matching put another reconstruction against it (``matching``)."""
+    scored = row.get("scored_samples") or [0]
+    original = secret["images"][scored[0]]
+    if reconstruction["status"] != "ok" or row.get("status") != "ok":
+        return original, None
+    matching = row.get("matching") or list(range(len(scored)))
+    return original, reconstruction["images"][matching[0]]
+
+
 def update_lr(fl: dict[str, Any]) -> float:
     """The learning rate of the step a client's update drives (FedSGD: the server's)."""
     return fl["lr"] if fl["protocol"] == "fedsgd" else fl["local_lr"]

@@ -20,7 +20,7 @@ import torch
 
 from gradinv.config import method_settings
 from gradinv.data import PreparedDataset, load_prepared, read_partition, read_public
-from gradinv.io import atomic_path, sha256_file, sha256_json
+from gradinv.io import sha256_file, sha256_json
 from gradinv.metrics.evaluation_network import (
     PRIVACY_THRESHOLD,
     EvaluationNetworkSettings,
@@ -83,9 +83,9 @@ def run(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Path
         seconds=seconds,
         provenance=provenance,
     )
-    progress.finish()
     figure = out.with_name(f"{out.stem}_calibration.png")
-    _draw_calibration(rows, dataset, int(held_out.shape[0]), figure)
+    _draw_calibration(rows, dataset, int(held_out.shape[0]), figure, settings["scale"])
+    progress.finish()  # after the figure: a failed drawing resumes instead of retraining
     _track(settings, dataset, len(public), seconds, history, rows, error, provenance, figure)
 
 
@@ -104,14 +104,16 @@ def _print_calibration(rows: list[dict[str, float]]) -> None:
         print(f"  {r['ratio']:.2f}: {r['mean']:.3f} ± {r['std']:.3f}", file=sys.stderr)
 
 
-def _draw_calibration(rows: list[dict[str, float]], dataset: str, count: int, path: Path) -> None:
+def _draw_calibration(
+    rows: list[dict[str, float]], dataset: str, count: int, path: Path, scale: str
+) -> None:
     """Predicted against true noise ratio, with the ideal diagonal and the paper's threshold."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from gradinv.tables.figures import figure_caption, save_figure
 
-    fig, ax = plt.subplots(figsize=(4.2, 4))
+    fig = Figure(figsize=(4.2, 4))
+    ax = fig.subplots()
     ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="ideal (predicted = true)")
     ax.axhline(PRIVACY_THRESHOLD, ls=":", color="tab:red", lw=1, label="Refiner's threshold 0.4")
     ax.errorbar(
@@ -131,9 +133,8 @@ def _draw_calibration(rows: list[dict[str, float]], dataset: str, count: int, pa
         title=f"{dataset}: evaluation network",
     )
     ax.legend(fontsize=7, loc="upper left")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    title = f"Refiner's evaluation network for {dataset}, calibrated on held-out images"
+    save_figure(fig, path, figure_caption(title, scale, "params.yaml's evaluation_network block"))
 
 
 def _track(

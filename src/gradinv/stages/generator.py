@@ -61,8 +61,9 @@ def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Pa
         seconds=seconds,
         provenance=provenance,
     )
-    progress.finish()
-    _draw_samples(model, ds.classes, out.with_name(f"{out.stem}_samples.png"), generator)
+    samples = out.with_name(f"{out.stem}_samples.png")
+    _draw_samples(model, ds.classes, samples, generator, f"{name} on {dataset}", settings["scale"])
+    progress.finish()  # after the figure: a failed drawing resumes instead of retraining
     _track(settings, name, dataset, len(public), seconds, history, provenance, out)
 
 
@@ -70,29 +71,30 @@ def fetch(settings: dict[str, Any], out: Path) -> None:
     fetch_weights(settings["generator_name"], settings["generator"], out)
 
 
-def _draw_samples(model: Any, classes: Any, path: Path, generator: torch.Generator) -> None:
+def _draw_samples(
+    model: Any, classes: Any, path: Path, generator: torch.Generator, what: str, scale: str
+) -> None:
     """Eight samples of every class (one row per class), to judge the generator by eye."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from gradinv.io import atomic_path
+    from gradinv.tables.figures import figure_caption, save_figure
 
     rows = max(model.num_classes, 1)
     labels = torch.arange(rows).repeat_interleave(8)
     with torch.no_grad():
         z = torch.randn(len(labels), *model.latent_shape, generator=generator)
         images = (model(z, labels) + 1) / 2
-    fig, axes = plt.subplots(rows, 8, figsize=(8, rows), squeeze=False)
+    fig = Figure(figsize=(8, rows))
+    axes = fig.subplots(rows, 8, squeeze=False)
     for ax, image in zip(axes.flat, images, strict=True):
         ax.imshow(image.permute(1, 2, 0).clamp(0, 1).numpy())
         ax.axis("off")
     for r in range(rows):
         axes[r, 0].set_title(str(classes[r]) if model.num_classes else "", fontsize=6, loc="left")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=80, bbox_inches="tight")
-    plt.close(fig)
+    caption = figure_caption(
+        f"The attacker's generator ({what}): 8 samples per class", scale, "params.yaml's generators"
+    )
+    save_figure(fig, path, caption)
 
 
 def _track(

@@ -17,6 +17,7 @@ import torch
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
 from gradinv.io import load_tensors, read_json
+from gradinv.stages.common import first_scored_pair
 from gradinv.tables import GridEntry, reconstruction_grid, write_csv
 from gradinv.tables.figures import figure_caption
 
@@ -31,8 +32,12 @@ def run(
 ) -> None:
     import pandas as pd
 
+    from gradinv.config import method_settings
+    from gradinv.defenses import defense_settings
+
     public_defense = settings["public_defense"]
-    cfg = settings["defenses"][public_defense]
+    block, where = settings["defenses"][public_defense], f"defenses.{public_defense}"
+    cfg = defense_settings(block["kind"], method_settings(block), where)  # with its defaults
     rows, entries, nearest = [], [], {}
     pools: dict[str, torch.Tensor] = {}
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
@@ -40,11 +45,8 @@ def run(
         dataset = row["dataset"]
         if dataset not in pools:
             ds = load_prepared(dataset, prepared_dir)
-            pools[dataset] = public_pool(
-                ds, cfg["public_class"], cfg["public_images"], where=f"defenses.{public_defense}"
-            )[0]
-        original = secret["images"][0]
-        image = rec["images"][0] if rec["status"] == "ok" else None
+            pools[dataset] = public_pool(ds, cfg.public_class, cfg.public_images, where=where)[0]
+        original, image = first_scored_pair(row, rec, secret)
         record = {
             "dataset": dataset,
             "defense": row["defense"],
@@ -76,7 +78,7 @@ def run(
                 reconstruction=image,
             )
         )
-    label = f"nearest public image\n(class {cfg['public_class']})"
+    label = f"nearest public image\n(class {cfg.public_class})"
     for (dataset_label, victim), image in nearest.items():
         first = next(e for e in entries if (e.dataset, e.victim) == (dataset_label, victim))
         entries.append(

@@ -9,7 +9,7 @@ from typing import Any
 
 from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
-from gradinv.stages.common import project_path
+from gradinv.stages.common import first_scored_pair, project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
 from gradinv.tables.render import Sweep, Tradeoff
@@ -168,12 +168,14 @@ def _grid(
     shown: dict[str, list[str]],
     shown_attacks: dict[tuple[str, str], list[str]],
 ) -> None:
-    """Original vs reconstructed images, one row per defense and attack (first image of a batch);
+    """Original vs reconstructed images, one row per defense and attack (a batch's first scored
+    image and the reconstruction matched to it);
     ``shown`` gives the labels a defense's runs appear under (a shared run: several), and
     ``shown_attacks`` those a (defense run, attack run)'s appear under."""
     entries = []
     for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
         row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
+        original, reconstruction = first_scored_pair(row, rec, secret)
         attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])
         for label, attack_label in itertools.product(
             shown.get(row["defense"], [row["defense_label"]]), attack_labels
@@ -187,8 +189,8 @@ def _grid(
                     + (f", round {row['round']}" if len(rounds) > 1 else ""),
                     attack_label=attack_label,
                     victim=row["victim"],
-                    original=secret["images"][0],
-                    reconstruction=rec["images"][0] if rec["status"] == "ok" else None,
+                    original=original,
+                    reconstruction=reconstruction,
                 )
             )
     reconstruction_grid(entries, out, caption)
