@@ -19,6 +19,7 @@ import pandas as pd
 
 from gradinv.io import atomic_path, read_json
 from gradinv.stages.common import project_path
+from gradinv.stages.utility import final_accuracy
 from gradinv.tables.figures import curve_figure, figure_caption
 from gradinv.tables.render import write_csv
 
@@ -107,10 +108,7 @@ def _curves(summaries: list[dict[str, Any]], labels: dict[str, str], loop: str) 
 
 def _final(summary: dict[str, Any]) -> tuple[float | None, int | None]:
     """Test accuracy (%) at the last evaluated round of a finished run; None if it failed."""
-    if summary["status"] != "ok":
-        return None, None
-    evals = [p for p in summary["history"] if "test_accuracy" in p]
-    return 100.0 * float(evals[-1]["test_accuracy"]), int(evals[-1]["round"])
+    return final_accuracy(summary, last=1)
 
 
 def _clients_table(

@@ -102,7 +102,11 @@ def run(
     row["defense_diagnostics"] = client.get("defense")
     for name in METRICS:  # the metrics that can be unavailable (LPIPS, noise ratio) say why
         if METRICS.get(name).reports_status:
-            row[f"{name}_status"] = scores.get(f"{name}_status", "not computed: attack failed")
+            why = {"failed": "not computed: attack failed", "ok": "not requested"}.get(
+                row["status"],
+                f"not computed: {row['failure']}",  # not_scored: no sample to score
+            )
+            row[f"{name}_status"] = scores.get(f"{name}_status", why)
     row["label_accuracy"] = scores.get("label_accuracy")
     row["matching"] = scores.get("matching")
     write_json(out, row)
