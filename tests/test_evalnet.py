@@ -310,3 +310,25 @@ def test_the_stage_trains_on_the_public_split_and_draws_its_calibration(tmp_path
     assert no_public.partition_data() == 0
     argv[2] = no_public.settings("evalnet", dataset="patches")
     assert main(argv) == 2  # a configuration error that names the fix
+
+
+def test_training_on_public_data_needs_a_public_split_of_this_very_dataset(monkeypatch):
+    """The evaluation network and the attacker's generator train on the public split: none is
+    a config error naming the key to change; a partition of another dataset version, a rerun."""
+    from types import SimpleNamespace
+
+    import gradinv.data
+    from gradinv.settings import ConfigError
+    from gradinv.stages.common import public_split
+
+    ds = SimpleNamespace(name="patches", sha256="abc")
+    settings = {"partition": {"public_fraction": 0.0}}
+    monkeypatch.setattr(gradinv.data, "read_partition", lambda p: ([], {"data_sha256": "abc"}))
+    monkeypatch.setattr(gradinv.data, "read_public", lambda p: [])
+    with pytest.raises(ConfigError, match=r"evaluation_network: .*public_fraction above 0"):
+        public_split(settings, ds, "part.json", "evaluation_network")
+    monkeypatch.setattr(gradinv.data, "read_public", lambda p: [3, 4])
+    assert public_split(settings, ds, "part.json", "generators.dcgan") == [3, 4]
+    monkeypatch.setattr(gradinv.data, "read_partition", lambda p: ([], {"data_sha256": "old"}))
+    with pytest.raises(RuntimeError, match="another version of patches; rerun snakemake"):
+        public_split(settings, ds, "part.json", "generators.dcgan")

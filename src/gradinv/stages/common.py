@@ -57,6 +57,28 @@ def job_identity(out: str | Path) -> str:
         return path.as_posix()
 
 
+def public_split(settings: dict[str, Any], ds: Any, partition: Path, who: str) -> list[int]:
+    """The indices of the public split of ``ds`` (no client holds them), from a partition made
+    from this very version of the dataset; ``who`` names what trains on it, for the error."""
+    from gradinv.data import read_partition, read_public
+    from gradinv.settings import ConfigError
+
+    _, meta = read_partition(partition)
+    if meta.get("data_sha256") != ds.sha256:
+        raise RuntimeError(
+            f"{partition} was made from another version of {ds.name}; "
+            "rerun snakemake to regenerate it"
+        )
+    public = read_public(partition)
+    if not public:
+        fraction = settings["partition"].get("public_fraction", 0)
+        raise ConfigError(
+            f"{who}: there is no public data of {ds.name} to train on (partition.public_fraction"
+            f" is {fraction}); set partition.public_fraction above 0"
+        )
+    return public
+
+
 def first_scored_pair(
     row: dict[str, Any], reconstruction: dict[str, Any], secret: dict[str, Any]
 ) -> tuple[Tensor, Tensor | None]:

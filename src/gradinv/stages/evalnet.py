@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gradinv.config import method_settings
-from gradinv.data import PreparedDataset, load_prepared, read_partition, read_public
+from gradinv.data import PreparedDataset, load_prepared
 from gradinv.io import sha256_file, sha256_json
 from gradinv.metrics.evaluation_network import (
     PRIVACY_THRESHOLD,
@@ -30,8 +30,8 @@ from gradinv.metrics.evaluation_network import (
 )
 from gradinv.progress import Progress
 from gradinv.resources import acquire_device
-from gradinv.settings import ConfigError, from_mapping
-from gradinv.stages.common import derive_seed, record, setup
+from gradinv.settings import from_mapping
+from gradinv.stages.common import derive_seed, public_split, record, setup
 
 # Held-out images of the calibration: enough for a mean per ratio to within about 0.01.
 CALIBRATION_IMAGES = 300
@@ -42,16 +42,7 @@ def run(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Path
     dataset, block = settings["dataset"], settings["evaluation_network"]
     s = from_mapping(EvaluationNetworkSettings, method_settings(block), "evaluation_network")
     ds = load_prepared(dataset, prepared_dir)
-    _, meta = read_partition(partition)
-    if meta.get("data_sha256") != ds.sha256:
-        raise RuntimeError(f"{partition} was made from another version of {dataset}; rerun")
-    public = read_public(partition)
-    if not public:
-        raise ConfigError(
-            f"evaluation_network: there is no public data of {dataset} to train it on "
-            f"(partition.public_fraction is {settings['partition'].get('public_fraction', 0)}); "
-            "set partition.public_fraction above 0"
-        )
+    public = public_split(settings, ds, partition, "evaluation_network")
     images, _ = ds.train_subset(public)
     held_out = _held_out(ds)
     generator = torch.Generator().manual_seed(derive_seed(settings["seed"], "evalnet", dataset))

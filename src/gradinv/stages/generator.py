@@ -15,29 +15,19 @@ from typing import Any
 
 import torch
 
-from gradinv.data import load_prepared, read_partition, read_public
+from gradinv.data import load_prepared
 from gradinv.generators.dcgan import train_dcgan
 from gradinv.generators.files import fetch_weights, own_settings, save_trained
 from gradinv.io import sha256_file, sha256_json
 from gradinv.progress import Progress
-from gradinv.settings import ConfigError
-from gradinv.stages.common import derive_seed, record, setup
+from gradinv.stages.common import derive_seed, public_split, record, setup
 
 
 def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Path) -> None:
     setup(settings)
     name, block, dataset = settings["generator_name"], settings["generator"], settings["dataset"]
     ds = load_prepared(dataset, prepared_dir)
-    _, meta = read_partition(partition)
-    if meta.get("data_sha256") != ds.sha256:
-        raise RuntimeError(f"{partition} was made from another version of {dataset}; rerun")
-    public = read_public(partition)
-    if not public:
-        raise ConfigError(
-            f"generators.{name}: the attacker has no public data of {dataset} to train on "
-            f"(partition.public_fraction is {settings['partition'].get('public_fraction', 0)}); "
-            "set partition.public_fraction above 0"
-        )
+    public = public_split(settings, ds, partition, f"generators.{name}")
     images, labels = ds.train_subset(public)
     s = own_settings(name, block)
     generator = torch.Generator().manual_seed(
