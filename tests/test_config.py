@@ -246,8 +246,14 @@ def test_yaml_values_are_never_evaluated(tmp_path):
 
 def test_job_settings_are_canonical_and_minimal():
     a = job_settings(PARAMS, "attack", attack="ig")
-    b = job_settings(copy.deepcopy(PARAMS), "attack", attack="ig")
-    assert a == b
+
+    def reversed_keys(value):  # the same config written in another key order, at every level
+        if isinstance(value, dict):
+            return {k: reversed_keys(value[k]) for k in reversed(list(value))}
+        return value
+
+    assert job_settings(reversed_keys(copy.deepcopy(PARAMS)), "attack", attack="ig") == a
+    assert a == json.dumps(json.loads(a), sort_keys=True, separators=(",", ":"))
     changed = broken("defenses.noise.std", 0.5)
     assert job_settings(changed, "attack", attack="ig") == a  # the attack does not read it
     assert job_settings(

@@ -215,16 +215,19 @@ def test_resnet_depth_gives_resnet10_18_and_34():
     from gradinv.models import build_model
     from gradinv.protocol import ModelSpec
 
-    sizes = [
-        sum(
-            p.numel()
-            for p in build_model(
-                ModelSpec("resnet18", 10, 3, 32, {"depth": d, "width": 8})
-            ).parameters()
-        )
+    blocks = {
+        d: [
+            len(
+                getattr(
+                    build_model(ModelSpec("resnet18", 10, 3, 32, {"depth": d, "width": 8})),
+                    f"layer{i}",
+                )
+            )
+            for i in range(1, 5)
+        ]
         for d in (10, 18, 34)
-    ]
-    assert sizes[0] < sizes[1] < sizes[2]
+    }
+    assert blocks == {10: [1, 1, 1, 1], 18: [2, 2, 2, 2], 34: [3, 4, 6, 3]}  # He et al.'s stages
 
 
 def test_refiner_without_the_element_wise_weight_weighs_by_layer_alone():

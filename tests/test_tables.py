@@ -409,8 +409,19 @@ def test_vs_paper_matches_an_extra_key_column(tmp_path):
         vs_paper(long, wrong)
 
 
-def test_a_swept_table_draws_a_line_per_attack(tmp_path):
+def test_a_swept_table_draws_a_line_per_attack(tmp_path, monkeypatch):
+    import matplotlib.axes
+
     from gradinv.tables.render import Sweep
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def plot(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), list(args[0]), list(args[1])))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
 
     records = [run(victim=v, round=r, psnr=20.0 - r) for r in (0, 3, 6) for v in range(2)]
     out = render_table(
@@ -429,6 +440,10 @@ def test_a_swept_table_draws_a_line_per_attack(tmp_path):
     table = pd.read_csv(out["csv"])
     assert list(table["round"]) == [0, 3, 6]
     assert list(table["IG PSNR↓ mean"]) == [20.0, 17.0, 14.0]
+    # PSNR's panel: one line, IG's, through the rounds (other panels plot the other metrics)
+    psnr = [(x, y) for label, x, y in drawn if y == [20.0, 17.0, 14.0]]
+    assert psnr == [([0.0, 3.0, 6.0], [20.0, 17.0, 14.0])]
+    assert {label for label, _, _ in drawn} == {"Patches / No Defense / IG"}
     assert Image.open(out["figure"]).size[0] > 0
 
 
