@@ -82,6 +82,10 @@ def test_a_model_in_train_mode_is_attacked_in_train_mode(kind):
     b = run(kind, server, update, {"iterations": 1, **FAST}, threat)
     assert torch.isfinite(a.images).all()
     assert torch.equal(a.images, b.images)
+    # batch norm on the batch's statistics is another model than on its running ones: attacked
+    # in eval mode, the same update leads elsewhere (so train mode was really used above)
+    c = run(kind, server, update, {"iterations": 1, **FAST}, ThreatModel(model_mode="eval"))
+    assert not torch.equal(a.images, c.images)
 
 
 @pytest.mark.parametrize("kind", KINDS)
