@@ -152,3 +152,11 @@ def test_a_defenses_transform_and_eot_apply_to_each_restart_in_both_layouts(kind
             assert attack.transform_note != "off" or attack.eot_note != "off"
         assert results[0].summary["restarts_layout"] == "batched"
         assert (results[0].images - results[1].images).abs().max() < 1e-3
+        # and the adaptive setting changed the reconstruction: the restarts did use it
+        plain = build_attack(
+            kind,
+            {"iterations": 20, "restarts": 2, "restarts_layout": "batched"},
+            ThreatModel(),
+            "t",
+        ).reconstruct(server, observed, torch.Generator().manual_seed(0))
+        assert not torch.equal(plain.images, results[0].images)
