@@ -118,19 +118,22 @@ def training_metrics(
 def final_accuracy(summary: dict[str, Any], last: int) -> tuple[float | None, int | None]:
     """Test accuracy (%) of a finished run, the mean of its ``last`` evaluations, and the last
     evaluated round; None if it failed."""
-    evals = [p for p in summary["history"] if "test_accuracy" in p][-last:]
+    evals = _last_evaluations(summary, last)
     if summary["status"] != "ok" or not evals:
         return None, None
     mean = sum(float(p["test_accuracy"]) for p in evals) / len(evals)
     return 100.0 * mean, int(evals[-1]["round"])
 
 
+def _last_evaluations(summary: dict[str, Any], last: int) -> list[dict[str, Any]]:
+    return [p for p in summary["history"] if "test_accuracy" in p][-last:]
+
+
 def accuracy_spread(summary: dict[str, Any], last: int) -> float | None:
     """The sample standard deviation (percentage points) of the ``last`` evaluations that
     :func:`final_accuracy` averages: how far one run's reading moves from one evaluation to the
     next. Two defenses closer than this are not told apart by one run each."""
-    evals = [float(p["test_accuracy"]) for p in summary["history"] if "test_accuracy" in p]
-    evals = evals[-last:]
+    evals = [float(p["test_accuracy"]) for p in _last_evaluations(summary, last)]
     if summary["status"] != "ok" or len(evals) < 2:
         return None
     return 100.0 * statistics.stdev(evals)
