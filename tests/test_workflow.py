@@ -229,6 +229,23 @@ def test_every_source_a_dvc_stage_depends_on_exists():
     assert stages["evalnet"]["deps"] and stages["claims"]["deps"]  # the check read the stages
 
 
+def test_dvc_leaves_every_out_to_snakemake():
+    """DVC deletes a stage's outs before running it unless they persist; each stage's command is
+    a Snakemake target, which would then rebuild from nothing what was up to date (`dvc repro`
+    after `snakemake all` would retrain every model). Read as DVC reads dvc.yaml, foreach
+    stages expanded from params.yaml."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        outs = [
+            (stage.addressing, str(out), out.persist)
+            for stage in repo.index.stages
+            for out in stage.outs
+        ]
+    assert len(outs) > 100 and any(path == "results/checkpoints" for _, path, _ in outs)
+    assert all(persist for _, _, persist in outs), [o for o in outs if not o[2]]
+
+
 def test_lint_is_clean():
     proc = snakemake("--lint", "--cores", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
