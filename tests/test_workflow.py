@@ -1,5 +1,6 @@
 """The Snakemake workflow: dry runs of every paper target, lint, bad config, one tiny real run."""
 
+import functools
 import json
 import os
 import shutil
@@ -244,6 +245,29 @@ def test_dvc_leaves_every_out_to_snakemake():
         ]
     assert len(outs) > 100 and any(path == "results/checkpoints" for _, path, _ in outs)
     assert all(persist for _, _, persist in outs), [o for o in outs if not o[2]]
+
+
+def test_dvc_repro_after_snakemake_keeps_its_files(tmp_path):
+    """`dvc repro` after Snakemake has built a stage's outs runs the stage's Snakemake target,
+    which finds them up to date: the files are the ones Snakemake wrote (same inode, same time),
+    not deleted and rebuilt."""
+    root = workflow_copy(tmp_path)
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    shutil.copytree(ROOT / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    dvc = [sys.executable, "-m", "dvc"]
+    run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, env=env)
+    assert run([*dvc, "init", "--no-scm", "-q"]).returncode == 0
+    proc = snakemake("prepared_data", "--cores", "1", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted((root / "data/prepared").iterdir())
+    before = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
+    assert before
+    proc = run([*dvc, "repro", "data"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
+    assert after == before
+    assert "data" in yaml.safe_load((root / "dvc.lock").read_text())["stages"]
 
 
 def test_lint_is_clean():
