@@ -1,6 +1,7 @@
 """The claims checker: each relation, each expectation, the verdicts and the errors."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -120,6 +121,26 @@ def test_within_and_tolerance(tmp_path):
     table = evaluate(claims, {"utility": utility}, "embedded")
     expected = ["holds", "fails", "holds", "fails", "holds", "fails", "holds", "holds"]
     assert list(table["verdict"]) == expected
+
+
+def test_exact_reconstructions_compare_as_the_best_psnr(tmp_path):
+    """PSNR +inf (Imprint's exact reconstructions): equal to another +inf, above any finite."""
+    table = _cells(
+        {
+            ("none", "imprint", "psnr"): math.inf,
+            ("soteria", "imprint", "psnr"): math.inf,
+            ("dcs2", "imprint", "psnr"): 20.0,
+        }
+    )
+    check = dict(metrics=["psnr"], right="none", tolerance=1.0)
+    claims = _claims(
+        tmp_path,
+        _check(**check, left="soteria", relation="within"),
+        _check(**check, left="dcs2", relation="within"),
+        _check(**check, left="dcs2", relation="less"),
+        _check(**check, left="soteria", relation="less"),
+    )
+    assert _verdicts(claims, table) == ["holds", "fails", "holds", "fails"]
 
 
 def test_an_accuracy_claim_shows_each_runs_spread(tmp_path):

@@ -26,6 +26,7 @@ from gradinv.tables import (
     render_table,
     vs_paper,
 )
+from gradinv.tables.markdown import format_cell
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "workflow" / "reference" / "censor_table1.csv"
@@ -130,7 +131,7 @@ def test_failed_runs_are_counted_never_averaged(tmp_path):
             ssim=None,
             lpips=None,
         ),
-        run(victim=3, psnr=math.inf),
+        run(victim=3, psnr=math.nan),
     ]  # "ok" but non-finite: failed for PSNR only
     df = collect(write(tmp_path, records))
     cell = paper_table(df, attacks=["ig"], defenses=["none"]).iloc[0]
@@ -140,6 +141,19 @@ def test_failed_runs_are_counted_never_averaged(tmp_path):
     assert cell["IG PSNR↓ mean"] == pytest.approx(20.5)
     assert (cell["IG PSNR↓ n"], cell["IG PSNR↓ failed"]) == (2, 2)
     assert "non-finite PSNR" in cell["IG PSNR↓ note"]
+
+
+def test_an_exact_reconstruction_counts_as_the_best_psnr_not_a_failure(tmp_path):
+    """MSE 0 gives PSNR +inf (Imprint without a defense): the attack's best result, averaged in
+    (the mean PSNR is then +inf), shown as ∞, never counted as a failure or dropped."""
+    records = [run(victim=0, mse=0.0, psnr=math.inf), run(victim=1, psnr=30.0)]
+    long = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none"])
+    cell = long[long["metric"] == "psnr"].iloc[0]
+    assert cell["mean"] == math.inf and (cell["n"], cell["failed"]) == (2, 0)
+    assert math.isnan(cell["std"]) and "1 exact reconstruction(s)" in cell["note"]
+    assert format_cell(cell.to_dict()) == "∞ (2)"
+    mse = long[long["metric"] == "mse"].iloc[0]
+    assert (mse["n"], mse["failed"]) == (2, 0)
 
 
 def test_a_run_with_nothing_to_score_is_neither_ok_nor_failed(tmp_path):

@@ -269,7 +269,7 @@ def _holds(check: Check, metric: str, left: float, right: float) -> bool:
         return left > right + check.tolerance
     if relation == "not_below":
         return left >= right - check.tolerance
-    return abs(left - right) <= check.tolerance
+    return left == right or abs(left - right) <= check.tolerance  # two exact (PSNR ∞): equal
 
 
 def _group_name(key: Mapping[str, Any]) -> str:

@@ -6,7 +6,10 @@ A cell is one (row, attack, metric): the mean over the victims whose run finishe
 Why these rules (failures are loud and recorded):
 * A failed victim is never averaged in and never dropped: it is counted in ``failed`` and its
   reason is kept in the cell's ``note``. An "ok" run whose metric is NaN/inf is counted as failed
-  for that metric, because averaging it would poison the mean and skipping it would hide it.
+  for that metric, because averaging it would poison the mean and skipping it would hide it;
+  except a metric's value for an exact reconstruction (``MetricSpec.exact``: PSNR's +inf, when
+  the MSE is 0), which is the attack's best result, not a failure: it goes into the mean (which
+  is then +inf, as the mean PSNR is), the std is left empty, and the note counts them.
 * A ``null`` metric means "could not be computed" (e.g. LPIPS without its weights): the cell stays
   empty and the note carries the reason from ``<metric>_status`` when the file has one.
 * ``unavailable`` (long table only) counts the ok runs with a null value, so renderers need not
@@ -44,12 +47,13 @@ class MetricSpec:
     arrow: str  # CENSOR's direction: "↑" higher is better for the defender, "↓" lower is better
     decimals: int
     scope: str = "victim"
+    exact: float | None = None  # its value for an exact reconstruction, where not finite
 
 
 METRICS: dict[str, MetricSpec] = {
     "mse": MetricSpec("MSE", "↑", 4),
     "lpips": MetricSpec("LPIPS", "↑", 4),
-    "psnr": MetricSpec("PSNR", "↓", 3),
+    "psnr": MetricSpec("PSNR", "↓", 3, exact=math.inf),
     "ssim": MetricSpec("SSIM", "↓", 4),
     "noise_ratio": MetricSpec("NoiseRatio", "↑", 3),
     "label_accuracy": MetricSpec("LabelAcc", "↓", 3),
@@ -143,13 +147,15 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
         return empty
     if metric_spec(metric).scope == "training":
         return _training_cell(group, metric)
-    label = metric_spec(metric).label
+    spec = metric_spec(metric)
+    label = spec.label
     ok = group[group["status"] == "ok"]
     failed = group[group["status"] == "failed"]
     null = ok[unavailable_column(metric)].astype(bool).to_numpy()
     values = ok.loc[~null, metric].to_numpy(dtype=np.float64)
-    finite = values[np.isfinite(values)]
-    nonfinite = len(values) - len(finite)
+    exact = values == spec.exact if spec.exact is not None else np.zeros(len(values), bool)
+    kept = values[np.isfinite(values) | exact]
+    nonfinite = len(values) - len(kept)
     notes = []
     if null.any():
         status_col = f"{metric}_status"
@@ -157,6 +163,8 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
         reason = reason or "unavailable (null in the metrics file)"
         scope = "" if null.all() else f"{int(null.sum())} of {len(ok)} ok runs: "
         notes.append(f"{scope}{label} {reason}")
+    if exact.any():
+        notes.append(f"{int(exact.sum())} exact reconstruction(s): {label} {spec.exact} (MSE 0)")
     if nonfinite:
         notes.append(f"{nonfinite} ok run(s) gave a non-finite {label}")
     if len(failed):
@@ -164,10 +172,10 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
     unscored = group[group["status"] == "not_scored"]
     if len(unscored):
         notes.append(f"{len(unscored)} not scored: {_joined(unscored['failure'])}")
-    n = len(finite)
+    n = len(kept)
     return {
-        "mean": float(np.mean(finite)) if n else math.nan,
-        "std": float(np.std(finite, ddof=1)) if n > 1 else math.nan,
+        "mean": float(np.mean(kept)) if n else math.nan,
+        "std": float(np.std(kept, ddof=1)) if n > 1 and not exact.any() else math.nan,
         "n": n,
         "failed": len(failed) + nonfinite,
         "note": " | ".join(notes),

@@ -37,7 +37,7 @@ def format_cell(rec: Mapping[str, Any]) -> str:
         if failed:
             return f"— ({counts})"
         return "no runs"
-    mean = f"{rec['mean']:.{decimals}f}"
+    mean = "∞" if rec["mean"] == math.inf else f"{rec['mean']:.{decimals}f}"  # exact (PSNR)
     std = rec["std"]
     if isinstance(std, float) and math.isnan(std):
         return f"{mean} ({counts})"
