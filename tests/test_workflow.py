@@ -18,10 +18,19 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 PAPER = "workflow/configs/paper.yaml"
 
 
+def quiet_env() -> dict[str, str]:
+    """The environment with MLflow's and DVC's telemetry off, for the tools the tests start."""
+    return {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
+
+
 def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
     return subprocess.run(
-        [*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        [*SNAKEMAKE, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=quiet_env(),
     )
 
 
@@ -254,9 +263,10 @@ def test_dvc_repro_after_snakemake_keeps_its_files(tmp_path):
     root = workflow_copy(tmp_path)
     shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
     shutil.copytree(ROOT / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
     dvc = [sys.executable, "-m", "dvc"]
-    run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, env=env)
+    run = functools.partial(
+        subprocess.run, cwd=root, capture_output=True, text=True, env=quiet_env()
+    )
     assert run([*dvc, "init", "--no-scm", "-q"]).returncode == 0
     proc = snakemake("prepared_data", "--cores", "1", cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]

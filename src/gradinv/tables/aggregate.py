@@ -47,7 +47,9 @@ class MetricSpec:
     arrow: str  # CENSOR's direction: "↑" higher is better for the defender, "↓" lower is better
     decimals: int
     scope: str = "victim"
-    exact: float | None = None  # its value for an exact reconstruction, where not finite
+    # Its value for an exact reconstruction where that is not finite: the image metric's
+    # ``best`` (gradinv.metrics; not imported here, which would load torch for every table).
+    exact: float | None = None
 
 
 METRICS: dict[str, MetricSpec] = {
