@@ -33,6 +33,14 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
 def fl_accuracy(defense: Defense, rounds: int = 30, seed: int = 0, lr: float = 0.1) -> list[float]:
     """Test accuracy at rounds 0, rounds / 2 and ``rounds`` of FedSGD (4 IID clients, 2 per
     round, batch 16) on the digits, the last 300 held out for testing."""
+    history = fl_history(defense, rounds, seed, lr)
+    return [h["test_accuracy"] for h in history if "test_accuracy" in h]
+
+
+def fl_history(
+    defense: Defense, rounds: int = 30, seed: int = 0, lr: float = 0.1
+) -> list[dict[str, float]]:
+    """The per-round history of :func:`fl_accuracy`'s training."""
     images, labels = digits()
     x = normalize(images, MEAN, STD)
     train_x, train_y, test_x, test_y = x[:-300], labels[:-300], x[-300:], labels[-300:]
@@ -51,7 +59,6 @@ def fl_accuracy(defense: Defense, rounds: int = 30, seed: int = 0, lr: float = 0
         eval_samples=0,
     )
     model: nn.Module = build_model(SPEC, seed=seed)
-    history = train(
+    return train(
         model, train_x, train_y, parts, test_x, test_y, defense, fl, seed, lambda r, m: None
     )
-    return [h["test_accuracy"] for h in history if "test_accuracy" in h]

@@ -1,11 +1,15 @@
-"""CENSOR's properties: orthogonal, norm-matched candidates; argmin selection; seeded; and the
-official code's deviations reproduced when asked for."""
+"""CENSOR's properties: orthogonal, norm-matched candidates; argmin selection; Algorithm 1's
+raw-gradient fallback and the prose's never-raw reading; one model mode for G0 and every loss;
+Eq. 11's per-sample subspace; seeded; and the official code's deviations reproduced when asked
+for."""
 
 import copy
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call
 
 from gradinv.data.prepared import PreparedDataset, public_pool, public_pool_indices
@@ -26,6 +30,12 @@ def censor(**settings):
     return build_defense("censor", settings, where="test", update_lr=0.1)
 
 
+def orthogonal(**settings):
+    """CENSOR that always shares an orthogonal candidate (the prose's reading): the tests of the
+    candidates' own properties; under Algorithm 1 a fallback would share G0 instead."""
+    return censor(fallback="never-raw", **settings)
+
+
 def share(defense, seed=0, data_seed=0):
     model, x, y = case(data_seed)
     out = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(seed))
@@ -37,7 +47,7 @@ def cos(a, b):
 
 
 def test_exact_projection_is_orthogonal_and_norm_matched_per_layer():
-    shared, original, *_ = share(censor(trials=5))
+    shared, original, *_ = share(orthogonal(trials=5))
     assert shared.keys() == original.keys()
     for name, g in original.items():
         assert abs(cos(shared[name], g)) < 1e-5, name
@@ -45,7 +55,7 @@ def test_exact_projection_is_orthogonal_and_norm_matched_per_layer():
 
 
 def test_whole_model_scope_is_orthogonal_and_norm_matched_as_a_whole():
-    shared, original, *_ = share(censor(trials=5, scope="whole-model"))
+    shared, original, *_ = share(orthogonal(trials=5, scope="whole-model"))
     flat = lambda d: torch.cat([d[n].reshape(-1) for n in original])  # noqa: E731
     assert abs(cos(flat(shared), flat(original))) < 1e-5
     torch.testing.assert_close(flat(shared).norm(), flat(original).norm(), rtol=1e-5, atol=0)
@@ -54,7 +64,7 @@ def test_whole_model_scope_is_orthogonal_and_norm_matched_as_a_whole():
 
 
 def test_the_selected_candidate_has_the_lowest_evaluated_loss():
-    defense = censor(trials=8)
+    defense = orthogonal(trials=8)
     shared, _, model, x, y = share(defense)
     losses = defense.last["losses"]
     assert defense.last["selected"] == min(range(len(losses)), key=losses.__getitem__)
@@ -66,16 +76,16 @@ def test_the_selected_candidate_has_the_lowest_evaluated_loss():
 
 
 def test_the_same_seed_gives_the_same_update_and_another_seed_another():
-    a, *_ = share(censor(trials=4), seed=3)
-    b, *_ = share(censor(trials=4), seed=3)
-    c, *_ = share(censor(trials=4), seed=4)
+    a, *_ = share(orthogonal(trials=4), seed=3)
+    b, *_ = share(orthogonal(trials=4), seed=3)
+    c, *_ = share(orthogonal(trials=4), seed=4)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert not all(torch.equal(a[n], c[n]) for n in a)
 
 
 def test_device_draws_change_nothing_on_the_cpu():
-    a, *_ = share(censor(trials=4), seed=3)
-    b, *_ = share(censor(trials=4, draws="device"), seed=3)
+    a, *_ = share(orthogonal(trials=4), seed=3)
+    b, *_ = share(orthogonal(trials=4, draws="device"), seed=3)
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
@@ -113,7 +123,7 @@ def test_batched_and_sequential_evaluation_select_the_same_candidate():
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
-@pytest.mark.parametrize("fallback", ["best-candidate", "as-coded"])
+@pytest.mark.parametrize("fallback", ["algorithm-1", "never-raw"])
 def test_the_fallback_when_no_candidate_lowers_the_loss(monkeypatch, fallback):
     defense = censor(trials=3, fallback=fallback)
     real = defense._losses
@@ -123,15 +133,282 @@ def test_the_fallback_when_no_candidate_lowers_the_loss(monkeypatch, fallback):
         return losses.min() - 1.0, losses
 
     monkeypatch.setattr(defense, "_losses", worse)
-    if fallback == "as-coded":
-        with pytest.warns(CensorFallbackWarning, match="unprotected"):
+    if fallback == "algorithm-1":
+        with pytest.warns(CensorFallbackWarning, match="raw gradient G0"):
             shared, original, *_ = share(defense)
-        assert all(torch.equal(shared[n], original[n]) for n in original)  # the leak, as coded
+        assert all(torch.equal(shared[n], original[n]) for n in original)  # lines 11 and 20
         assert defense.last["cosine"] == pytest.approx(1.0)
+        assert defense.last["raw_gradient_shared"] and defense.stats["raw_shared"] == 1
     else:
         shared, original, *_ = share(defense)
         assert abs(defense.last["cosine"]) < 1e-4
+        assert not defense.last["raw_gradient_shared"] and defense.stats["raw_shared"] == 0
     assert defense.last["fallback_fired"] and defense.stats["fallbacks"] == 1
+    assert defense.rates({}) == {
+        "fallback_rate": 1.0,
+        "raw_gradient_rate": 1.0 if fallback == "algorithm-1" else 0.0,
+    }
+
+
+class Quadratic(nn.Module):
+    """A linear least-squares model: a convex loss with a positive-definite Hessian, so every
+    step orthogonal to the gradient raises the loss (its first-order term is zero)."""
+
+    def __init__(self, d: int = 4) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = nn.Parameter(torch.randn(1, d, generator=g))
+        self.bias = nn.Parameter(torch.randn(1, generator=g))
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+def squared_error(out, target):
+    return ((out.squeeze(1) - target) ** 2).mean()
+
+
+def quadratic_case(n=32, d=4):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, d, generator=g)  # full rank: X^T X is positive definite
+    return Quadratic(d), x, torch.randn(n, generator=g)
+
+
+@pytest.mark.parametrize("fallback", ["algorithm-1", "never-raw"])
+def test_a_convex_problem_where_no_orthogonal_step_helps(fallback):
+    model, x, y = quadratic_case()
+    defense = build_defense("censor", {"trials": 20, "fallback": fallback}, "t", update_lr=0.5)
+    grads = gradients_of(model, x, y, squared_error)
+    for seed in range(5):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            shared = defense.shared_update(
+                model, x, y, squared_error, torch.Generator().manual_seed(seed)
+            )
+        assert min(defense.last["losses"]) > defense.last["base_loss"]  # no candidate helps
+        raw = all(torch.equal(shared[n], grads[n]) for n in grads)
+        if fallback == "algorithm-1":  # exactly G0, counted, and said
+            assert raw and defense.last["raw_gradient_shared"]
+            assert any(issubclass(w.category, CensorFallbackWarning) for w in caught)
+        else:  # never G0: the best orthogonal candidate (zero for the 1-element bias)
+            assert not raw and not defense.last["raw_gradient_shared"]
+            for n, g in grads.items():
+                assert float((shared[n] * g).sum().abs()) <= 1e-5 * shared[n].norm() * g.norm()
+            assert not shared["bias"].any() and shared["weight"].any()
+    assert defense.stats["updates"] == 5 and defense.stats["fallbacks"] == 5
+    assert defense.stats["raw_shared"] == (5 if fallback == "algorithm-1" else 0)
+
+
+def test_the_old_fallback_names_are_refused_with_the_new_ones():
+    from gradinv.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'as-coded' was renamed; use 'algorithm-1'"):
+        censor(fallback="as-coded")
+    with pytest.raises(ConfigError, match=r"'best-candidate' was renamed; use 'never-raw'"):
+        censor(fallback="best-candidate")
+    with pytest.raises(ConfigError, match=r"'sometimes' is not one of algorithm-1, never-raw"):
+        censor(fallback="sometimes")
+
+
+@pytest.mark.parametrize("fallback", ["algorithm-1", "never-raw"])
+def test_fl_training_records_each_rounds_fallback_and_raw_gradient_rates(fallback):
+    from digits import fl_history
+
+    defense = build_defense("censor", {"trials": 5, "fallback": fallback}, "t", update_lr=0.1)
+    history = fl_history(defense, rounds=12)
+    rounds = [h for h in history if h["round"] > 0]
+    assert all(0 <= h["raw_gradient_rate"] <= h["fallback_rate"] <= 1 for h in rounds)
+    # two clients a round: the rates are counts over 2, and add up to the run's counters
+    assert sum(2 * h["fallback_rate"] for h in rounds) == defense.stats["fallbacks"]
+    assert sum(2 * h["raw_gradient_rate"] for h in rounds) == defense.stats["raw_shared"]
+    assert defense.stats["updates"] == 24 and defense.stats["fallbacks"] > 0
+    if fallback == "algorithm-1":
+        assert defense.stats["raw_shared"] == defense.stats["fallbacks"]
+    else:
+        assert defense.stats["raw_shared"] == 0
+    assert "fallback_rate" not in history[0]  # round 0: no update yet
+
+
+# Degenerate layers: no orthogonal direction of the gradient's norm exists.
+
+
+class WithScalar(nn.Module):
+    """A linear classifier times a learned scalar, plus a parameter the loss ignores (a zero
+    gradient)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 3)
+        self.scale = nn.Parameter(torch.tensor([1.5]))
+        self.unused = nn.Parameter(torch.ones(5))
+
+    def forward(self, x):
+        return self.fc(x.flatten(1)) * self.scale + 0.0 * self.unused.sum()
+
+
+@pytest.mark.parametrize("subspace", ["batch", "per-sample"])
+@pytest.mark.parametrize("evaluation", ["sequential", "batched"])
+def test_a_one_element_and_a_zero_gradient_layer_give_a_finite_update(subspace, evaluation):
+    model = WithScalar()
+    x, y = torch.rand(3, 3, 2, 2), torch.tensor([0, 2, 1])
+    grads = gradients_of(model, x, y, F.cross_entropy)
+    assert grads["scale"].numel() == 1 and grads["scale"].abs() > 0
+    assert not grads["unused"].any()
+    defense = orthogonal(trials=6, subspace=subspace, evaluation=evaluation)
+    shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    assert all(torch.isfinite(t).all() for t in shared.values())  # the old code: NaN
+    # R^1's complement of a non-zero gradient is {0}; a zero gradient's norm is 0
+    assert torch.equal(shared["scale"], torch.zeros(1))
+    assert torch.equal(shared["unused"], torch.zeros(5))
+    if subspace == "per-sample":  # 3 samples' gradients span the 3 biases: nothing is left
+        assert torch.equal(shared["fc.bias"], torch.zeros(3))
+    for n in ("fc.weight",) if subspace == "per-sample" else ("fc.weight", "fc.bias"):
+        assert abs(cos(shared[n], grads[n])) < 1e-5
+        torch.testing.assert_close(shared[n].norm(), grads[n].norm(), rtol=1e-5, atol=0)
+    assert defense.last["cosine"] is not None and abs(defense.last["cosine"]) < 1e-5
+
+
+def test_orthogonal_direction_in_one_dimension_is_zero_and_never_nan():
+    g, r = torch.tensor([0.3]), torch.tensor([-1.7])
+    assert torch.equal(orthogonal_direction(g, r), torch.zeros(1))
+    assert torch.equal(orthogonal_direction(torch.zeros(3), torch.ones(3)), torch.zeros(3))
+    coded = orthogonal_direction(g, r, "as-coded")  # the code's formula shares ±g there
+    assert torch.isfinite(coded).all() and coded.abs().item() == pytest.approx(0.3)
+
+
+def test_a_non_finite_gradient_is_refused_and_gives_no_statistic():
+    from gradinv.defenses import gradient_cosine
+
+    model, x, y = case()
+    x[0, 0, 0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="not finite"):
+        censor(trials=2).shared_update(
+            model, x, y, F.cross_entropy, torch.Generator().manual_seed(0)
+        )
+    nan = {"w": torch.tensor([1.0, float("nan")])}
+    assert gradient_cosine(nan, {"w": torch.ones(2)}) is None
+    assert gradient_cosine({"w": torch.zeros(2)}, {"w": torch.ones(2)}) is None
+
+
+# One model mode for G0 and every loss (the threat model's model_mode at capture).
+
+
+def batch_norm_case(seed):
+    model = build_model(ModelSpec("convnet", 10, 3, 16, {"width": 4}), seed=0)
+    g = torch.Generator().manual_seed(seed)
+    return model, torch.rand(4, 3, 16, 16, generator=g), torch.tensor([1, 7, 3, 0])
+
+
+def mode_gradient(model, x, y, train):
+    copy_ = copy.deepcopy(model).train(train)
+    return gradients_of(copy_, x, y, F.cross_entropy)
+
+
+@pytest.mark.parametrize(
+    ("mode", "train_model"), [("model", True), ("eval", True), ("model", False)]
+)
+def test_g0_and_every_loss_are_taken_in_one_mode_on_a_batch_norm_model(mode, train_model):
+    scoring_train = train_model if mode == "model" else mode == "train"
+    for seed in range(3):
+        model, x, y = batch_norm_case(seed)
+        model.train(train_model)
+        expected_buffers = copy.deepcopy(model).train(scoring_train)
+        gradients_of(expected_buffers, x, y, F.cross_entropy)  # G0's forward: the only update
+        truth = mode_gradient(model, x, y, scoring_train)
+        defense = orthogonal(trials=6, mode=mode)
+        shared = defense.shared_update(
+            model, x, y, F.cross_entropy, torch.Generator().manual_seed(seed)
+        )
+        assert model.training == train_model  # the mode is restored
+        assert defense.last["mode"] == ("train" if scoring_train else "eval")
+        for n, g in truth.items():  # orthogonal to the gradient of the mode that scores them
+            assert abs(cos(shared[n], g)) < 1e-5, n
+        expected = dict(expected_buffers.named_buffers())
+        for n, b in model.named_buffers():  # scoring left the running statistics alone
+            assert torch.equal(b, expected[n]), n
+        # the recorded losses are the scoring mode's, at θ and at θ − η·G⋆
+        scorer = copy.deepcopy(expected_buffers).train(scoring_train)
+        params = {n: p.detach() for n, p in scorer.named_parameters()}
+        with torch.no_grad():
+            before = {n: b.clone() for n, b in model.named_buffers()}
+            base = F.cross_entropy(functional_call(scorer, {**params, **before}, (x,)), y)
+            moved = {n: p - 0.1 * shared[n] for n, p in params.items()}
+            after = F.cross_entropy(functional_call(scorer, {**moved, **before}, (x,)), y)
+        assert defense.last["base_loss"] == pytest.approx(float(base), rel=1e-5)
+        assert min(defense.last["losses"]) == pytest.approx(float(after), rel=1e-5)
+
+
+def test_batched_scoring_in_train_mode_matches_the_loop_and_keeps_the_statistics():
+    model, x, y = batch_norm_case(0)
+    model.train()
+    runs = {}
+    for evaluation in ("sequential", "batched"):
+        m = copy.deepcopy(model)
+        defense = orthogonal(trials=5, evaluation=evaluation)
+        defense.shared_update(m, x, y, F.cross_entropy, torch.Generator().manual_seed(2))
+        runs[evaluation] = (defense.last, dict(m.named_buffers()))
+    (seq, seq_buffers), (bat, bat_buffers) = runs["sequential"], runs["batched"]
+    assert seq["selected"] == bat["selected"]
+    torch.testing.assert_close(
+        torch.tensor(seq["losses"]), torch.tensor(bat["losses"]), rtol=1e-5, atol=1e-6
+    )
+    for n, b in seq_buffers.items():  # G0's forward alone moved them, in both
+        torch.testing.assert_close(bat_buffers[n], b, rtol=0, atol=0)
+
+
+# Eq. 11: orthogonal to every training instance's gradient.
+
+
+@pytest.mark.parametrize("scope", ["layer-wise", "whole-model"])
+def test_per_sample_subspace_is_orthogonal_to_each_sample_gradient(scope):
+    model, x, y = batch_norm_case(0)
+    model.eval()
+    per_sample = per_sample_gradients(model, x, y, F.cross_entropy)
+    grads = gradients_of(model, x, y, F.cross_entropy)
+    defense = orthogonal(trials=4, subspace="per-sample", scope=scope)
+    shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    names = list(grads)
+    if scope == "layer-wise":
+        for n in names:
+            if per_sample[n][0].numel() <= len(y) + 1:
+                continue  # no room left: checked to be zero below
+            for k in range(len(y)):
+                assert abs(cos(shared[n], per_sample[n][k])) < 1e-5, (n, k)
+            torch.testing.assert_close(shared[n].norm(), grads[n].norm(), rtol=1e-5, atol=0)
+    else:
+        whole = flat(shared, names)
+        for k in range(len(y)):
+            assert abs(cos(whole, flat({n: per_sample[n][k] for n in names}, names))) < 1e-5
+    # the batch subspace (Algorithm 1) is orthogonal to the batch gradient only
+    batch = orthogonal(trials=4, scope=scope).shared_update(
+        model, x, y, F.cross_entropy, torch.Generator().manual_seed(0)
+    )
+    n = "classifier.weight" if "classifier.weight" in names else names[-2]
+    worst = max(abs(cos(batch[n], per_sample[n][k])) for k in range(len(y)))
+    assert worst > 1e-3
+
+
+def test_per_sample_every_label_is_orthogonal_to_each_sample_under_each_label():
+    model, x, y = batch_norm_case(1)
+    model.eval()
+    x, y = x[:2], y[:2]
+    defense = orthogonal(trials=3, subspace="per-sample-every-label")
+    shared = defense.shared_update(model, x, y, F.cross_entropy, torch.Generator().manual_seed(0))
+    every = per_sample_gradients(
+        model, x.repeat_interleave(10, 0), torch.arange(10).repeat(2), F.cross_entropy
+    )
+    big = [n for n in shared if shared[n].numel() > 21]
+    assert big
+    for n in big:
+        for k in range(20):
+            assert abs(cos(shared[n], every[n][k])) < 1e-5, (n, k)
+
+
+def test_the_code_projection_takes_no_subspace():
+    from gradinv.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="needs the exact projection"):
+        censor(projection="as-coded", subspace="per-sample")
 
 
 def test_selection_lr_overrides_the_update_lr():
@@ -153,7 +430,13 @@ def public_pool_of(n=4, seed=10):
 
 def public_censor(pool=None, **settings):
     pool = public_pool_of() if pool is None else pool
-    settings = {"source": "public", "public_class": POOL_CLASS, "public_images": 4, **settings}
+    settings = {
+        "source": "public",
+        "public_class": POOL_CLASS,
+        "public_images": 4,
+        "fallback": "never-raw",  # the candidates' own properties
+        **settings,
+    }
     return build_defense("censor", settings, where="test", update_lr=0.1, public=pool)
 
 

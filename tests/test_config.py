@@ -148,12 +148,33 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"idlg recovers the label of one image, but tables.table2 attacks batches of 4",
         ),
         # Variants, table options and the convergence study.
-        (broken("defenses.censor_t5.from", "censr"), r"censor_t5.from: 'censr' is not defined"),
         (
-            both(("defenses.censor.from", "censor_t5"), ("defenses.censor.kind", "censor")),
-            r"defenses.censor_t5.from: the chain censor -> censor_t5 -> censor is a cycle",
+            broken("defenses.censor_whole.from", "censr"),
+            r"censor_whole.from: 'censr' is not defined",
         ),
-        (broken("defenses.censor_t5.trials", 0), r"defenses.censor_t5.trials: 0 is out of range"),
+        (
+            both(("defenses.censor.from", "censor_whole"), ("defenses.censor.kind", "censor")),
+            r"defenses.censor_whole.from: the chain censor -> censor_whole -> censor is a cycle",
+        ),
+        (
+            broken("defenses.censor_whole.trials", 0),
+            r"defenses.censor_whole.trials: 0 is out of range",
+        ),
+        (
+            broken("defenses.censor.fallback", "as-coded"),
+            r"defenses.censor.fallback: 'as-coded' was renamed; use 'algorithm-1'",
+        ),
+        (
+            broken("defenses.censor.fallback", "best-candidate"),
+            r"defenses.censor.fallback: 'best-candidate' was renamed; use 'never-raw'",
+        ),
+        (
+            both(
+                ("defenses.censor.projection", "as-coded"),
+                ("defenses.censor.subspace", "per-sample"),
+            ),
+            r"defenses.censor: projection as-coded is the official code's formula for one vector",
+        ),
         (
             broken("tables.table5_rounds.rounds", [0, 11]),
             r"tables.table5_rounds.rounds: round 11 has no checkpoint",
@@ -275,17 +296,17 @@ def test_cli_reports_a_misspelled_key_and_exits_2(tmp_path):
 
 def test_a_variant_inherits_its_base_and_overrides_only_its_own_keys():
     cfg = validate(copy.deepcopy(PARAMS))
-    base, variant = cfg["defenses"]["censor"], cfg["defenses"]["censor_t5"]
+    base, variant = cfg["defenses"]["censor"], cfg["defenses"]["censor_whole"]
     assert "from" not in variant
-    assert variant["trials"] == 5 and variant["label"] == "Censor T=5"
-    assert {k: v for k, v in variant.items() if k not in ("trials", "label")} == {
-        k: v for k, v in base.items() if k not in ("trials", "label")
+    assert variant["scope"] == "whole-model" and variant["label"] == "Censor (whole model)"
+    assert {k: v for k, v in variant.items() if k not in ("scope", "label")} == {
+        k: v for k, v in base.items() if k not in ("scope", "label")
     }
     # Changing the base changes the variant's jobs (they carry the full settings).
-    changed = broken("defenses.censor.projection", "as-coded")
+    changed = broken("defenses.censor.selection_lr", 1e-4)
     cfg2 = validate(changed)
-    assert cfg2["defenses"]["censor_t5"]["projection"] == "as-coded"
-    key = {"dataset": "patches", "model": "cnn3", "defense": "censor_t5"}
+    assert cfg2["defenses"]["censor_whole"]["selection_lr"] == 1e-4
+    key = {"dataset": "patches", "model": "cnn3", "defense": "censor_whole"}
     assert job_settings(cfg, "train", **key) != job_settings(cfg2, "train", **key)
 
 

@@ -31,13 +31,20 @@ def test_tiny_end_to_end_run(tiny_run):
     root = tiny_run
     rows = list(csv.DictReader((root / "results/table1.csv").open()))
     labels = ["No Defense", "Noise", "Clipping", "Sparsi", "Soteria", "Censor"]
-    assert [r["defense"] for r in rows] == labels
+    assert [r["defense"] for r in rows] == [*labels, "Censor (never raw)"]
     for r in rows:
         assert r["dataset"] == "Patches"
         for attack in ("IG", "GI", "GIFD"):
             assert int(r[f"{attack} PSNR↓ n"]) == 1 and int(r[f"{attack} PSNR↓ failed"]) == 0
             assert 0 < float(r[f"{attack} PSNR↓ mean"]) < 60
         assert 0 <= float(r["IG MSE↑ mean"]) <= 1
+        # CENSOR's victims whose update was the raw gradient (Algorithm 1), per cell
+        raw = r["IG raw gradient shared"]
+        assert raw in ("0 of 1", "1 of 1") if r["defense"] == "Censor" else raw in ("", "0 of 1")
+    assert (
+        next(r for r in rows if r["defense"] == "Censor (never raw)")["GI raw gradient shared"]
+        == "0 of 1"
+    )
     md = (root / "results/table1.md").read_text()
     assert "SCALED-DOWN" in md and "This run: 1 victims" in md
     assert "LPIPS UNAVAILABLE" in md  # no backbone weights on this machine: loud, never faked
@@ -49,8 +56,12 @@ def test_tiny_end_to_end_run(tiny_run):
     shared = load_tensors(capture)
     # What the server sees, and apart what only the client knows (read by the score stage alone).
     assert set(shared) == {"server", "update", "client"}
-    client = {"update_cosine", "fallback_fired", "sensitive", "defense", "client_seconds"}
-    assert set(shared["client"]) == client  # what only the client knows, and its time
+    client = {"update_cosine", "fallback_fired", "raw_gradient_shared", "sensitive", "defense"}
+    assert set(shared["client"]) == client | {"client_seconds"}  # and the client's time
+    censored = load_tensors(capture.parents[2] / "censor/r0_b1/victim0.pt")["client"]
+    assert censored["raw_gradient_shared"] in (True, False)
+    assert censored["raw_gradient_shared"] == censored["fallback_fired"]  # Algorithm 1
+    assert shared["client"]["raw_gradient_shared"] is None  # not CENSOR: never recorded
     assert shared["update"]["meta"]["labels"] is None
     # Every result records the threat model as it ran and how fast the attack was.
     metrics = json.loads(
@@ -68,13 +79,13 @@ def test_tiny_end_to_end_run(tiny_run):
             "select t.value, count(*) from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.kind' and r.lifecycle_stage = 'active' group by t.value"
         ).fetchall()
-    # Table I: 6 defenses x 1 victim x IG, GI and GIFD; the data-centric table adds Refiner and
+    # Table I: 7 defenses x 1 victim x IG, GI and GIFD; the data-centric table adds Refiner and
     # DCS²+ (trained, and attacked by IG and Imprint) and Imprint against No Defense, and the
     # utility runs of its three defenses; GIFD's DCGAN and the evaluation network, both trained
     # on the public split
     assert dict(runs) == {
-        "train": 6 + 2 + 3,
-        "attack": 18 + 2 * 2 + 1,
+        "train": 7 + 2 + 3,
+        "attack": 21 + 2 * 2 + 1,
         "train_generator": 1,
         "train_evalnet": 1,
     }

@@ -123,6 +123,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         prefix = "" if where == "(top level)" else f"{where}."
         return f"{prefix}{key}: unknown key; {fix}"
     if error.validator == "enum":
+        new = error.schema.get("x-renamed", {}).get(error.instance)
+        if isinstance(error.instance, str) and new is not None:
+            return f"{where}: {error.instance!r} was renamed; use {new!r}."
         close = difflib.get_close_matches(str(error.instance), map(str, error.validator_value))
         hint = f" Did you mean {close[0]!r}?" if close else ""
         return (

@@ -70,8 +70,11 @@ def check_references(config: dict[str, Any], source: str) -> None:
                         f"{section}.{hint}"
                     )
     from gradinv.attacks import ATTACKS
+    from gradinv.defenses import defense_settings
     from gradinv.settings import from_mapping
 
+    for name, block in config["defenses"].items():  # combinations a defense's settings refuse
+        defense_settings(block["kind"], method_settings(block), where=f"{source}: defenses.{name}")
     for name, block in config.get("generators", {}).items():
         for kind, values in block.get("attack_settings", {}).items():
             where = f"generators.{name}.attack_settings.{kind}"

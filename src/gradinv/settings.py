@@ -38,6 +38,26 @@ def bounded(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def choice(default: str, *, renamed: dict[str, str] | None = None, doc: str = "") -> Any:
+    """A field of ``Literal`` values; ``renamed`` maps values that were renamed to their new
+    names, so that an old config is refused with the new name instead of a bare "not one of"."""
+    meta: dict[str, Any] = {"renamed": dict(renamed)} if renamed else {}
+    if doc:
+        meta["doc"] = doc
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def renamed_value(field: dataclasses.Field, value: Any, where: str) -> str | None:
+    """The error for a value ``field`` no longer takes (see :func:`choice`), or None."""
+    new = field.metadata.get("renamed", {}).get(value) if isinstance(value, str) else None
+    if new is None:
+        return None
+    return (
+        f"{where}: {value!r} was renamed; use {new!r} (see the {field.name} setting's "
+        "documentation for what each value does)."
+    )
+
+
 _JSON_BOUND = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 
 
@@ -75,6 +95,8 @@ def settings_schema(cls: type, extra_properties: dict[str, Any] | None = None) -
                 prop[json_key] = f.metadata[key]
         if "doc" in f.metadata:
             prop["description"] = f.metadata["doc"]
+        if "renamed" in f.metadata:  # read by gradinv.config's error messages, not a JSON keyword
+            prop["x-renamed"] = f.metadata["renamed"]
         properties[f.name] = prop
     return {"type": "object", "properties": properties, "additionalProperties": False}
 
@@ -90,12 +112,24 @@ def from_mapping(cls: type[S], values: dict[str, Any] | None, where: str) -> S:
         fix = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(names)}."
         raise ConfigError(f"{where}.{key}: unknown key; {fix}")
     hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for name, value in values.items():
         if isinstance(value, list):
             values[name] = tuple(value)
         if hints[name] is float and isinstance(value, int) and not isinstance(value, bool):
             values[name] = float(value)
-    obj = cls(**values)
+        if typing.get_origin(hints[name]) is Literal:
+            allowed = typing.get_args(hints[name])
+            if value not in allowed:
+                message = renamed_value(fields[name], value, f"{where}.{name}")
+                raise ConfigError(
+                    message
+                    or f"{where}.{name}: {value!r} is not one of {', '.join(map(str, allowed))}."
+                )
+    try:
+        obj = cls(**values)
+    except ConfigError as err:  # a combination its __post_init__ refuses
+        raise ConfigError(f"{where}: {err}") from None
     check_bounds(obj, where)
     return obj
 

@@ -59,12 +59,16 @@ def training_loss(model: nn.Module, inputs: Tensor, labels: Tensor, loss_fn: Los
     return loss if aux is None else loss + aux
 
 
-def gradient_cosine(a: Gradients, b: Gradients) -> float:
-    """Cosine between two gradients over all of ``b``'s layers, flattened together."""
-    dot = sum((a[n] * b[n]).sum() for n in b)
-    na = torch.sqrt(sum(a[n].pow(2).sum() for n in b))
-    nb = torch.sqrt(sum(b[n].pow(2).sum() for n in b))
-    return float(dot / (na * nb)) if na > 0 and nb > 0 else 0.0
+def gradient_cosine(a: Gradients, b: Gradients) -> float | None:
+    """Cosine between two gradients over all of ``b``'s layers, flattened together; None where
+    it is undefined: a zero gradient, or a non-finite entry in either (a statistic of a
+    non-finite update would be a number about nothing)."""
+    if not all(torch.isfinite(a[n]).all() and torch.isfinite(b[n]).all() for n in b):
+        return None
+    dot = sum((a[n].double() * b[n].double()).sum() for n in b)
+    na = torch.sqrt(sum(a[n].double().pow(2).sum() for n in b))
+    nb = torch.sqrt(sum(b[n].double().pow(2).sum() for n in b))
+    return float(dot / (na * nb)) if na > 0 and nb > 0 else None
 
 
 class Defense:
@@ -114,6 +118,12 @@ class Defense:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+    def rates(self, before: dict[str, Any]) -> dict[str, float]:
+        """Per-round diagnostics from the defense's counters (``stats``) since they stood at
+        ``before``, for the training history (CENSOR's fallback and raw-gradient rates); none
+        by default."""
+        return {}
 
     def shared_batch_size(self, labels: Tensor) -> int:
         """The number of samples the shared update is said to come from (public metadata): the

@@ -4,25 +4,60 @@ The client computes its gradient G0, then for each of T trials draws a random di
 layer l, removes its projection onto g_l and rescales it to ‖g_l‖ (or, with ``scope:
 whole-model``, does the same once for the whole flattened gradient, Table VII). It scores each
 candidate G_t by the loss of θ − η·G_t on its own batch and shares the candidate with the lowest
-loss. Random draws come from the CPU generator, trial by trial and layer by layer, so one seed
-gives the same update on any device (``draws: cpu``). On a GPU that costs the most time of the
-update (T × the model's size of normal numbers made on the CPU and copied over): ``draws:
-device`` makes them on the gradients' device instead, from a generator seeded by the CPU one, so
-a seed still fixes the update on a given device, but a GPU run no longer matches a CPU run.
+loss, if that loss is below the loss at θ. Random draws come from the CPU generator, trial by
+trial and layer by layer, so one seed gives the same update on any device (``draws: cpu``). On a
+GPU that costs the most time of the update (T × the model's size of normal numbers made on the
+CPU and copied over): ``draws: device`` makes them on the gradients' device instead, from a
+generator seeded by the CPU one, so a seed still fixes the update on a given device, but a GPU
+run no longer matches a CPU run.
 
-The official code (KaiyuanZh/censor, ``defense.py``) differs from the paper's text; each
+**When no candidate beats the undefended loss** the paper says two things (``fallback``):
+
+- ``algorithm-1`` (the default): Algorithm 1 as printed, lines 10-11 and 17-20::
+
+      10: ℓ⋆ ← EVALUATE(f_θτ, D^k)   ▷ Initialize the best loss
+      11: G⋆ = G0                     ▷ Initialize the best gradient
+
+  and G⋆ is replaced only by a candidate whose loss is strictly lower (line 17), so when none
+  is, line 20 returns G0: the client shares its raw gradient, unprotected. The official code
+  (``defense.py``, ``orthogonal_gradient``) does the same: ``best_loss`` starts at the
+  undefended loss and the original gradient is returned when no candidate beats it. The
+  pseudocode is the paper's most precise statement and the code agrees with it, hence the
+  default. Each update records whether it shared G0 (``raw_gradient_shared``), and a
+  :class:`CensorFallbackWarning` says so.
+- ``never-raw``: the prose of the introduction, "restricting our parameter sampling to an
+  orthogonal subspace means we will not inadvertently return the original gradients": the best
+  orthogonal candidate is shared whatever its loss.
+
+The two names that said "paper" and "code" before (``best-candidate``, ``as-coded``) are refused
+with the new names: the raw-gradient fallback is the paper's own pseudocode, not a departure of
+the code.
+
+**Which subspace** (``subspace``): Algorithm 1 (lines 24-30) and Eq. 12 make each layer's
+candidate orthogonal to the batch gradient g_l; this is the default, ``batch``. Eq. 11 defines
+the subspace as orthogonal to the gradient of *every training instance* of the batch, k vectors
+(``per-sample``: each layer's candidate is orthogonal to the k per-sample gradients and to g_l,
+:mod:`gradinv.defenses.orthogonal`); with a batch of one the two coincide. Eq. 11 as printed
+also quantifies over every class c ∈ [1, C], which reads as the gradient of each instance under
+each label: ``per-sample-every-label`` (k·C vectors; a layer with no more elements than that has
+no orthogonal direction left and shares zero).
+
+**Model mode** (``mode``): G0 (line 9), the undefended loss (line 10) and the candidates' losses
+(line 16) are taken in one mode, so that the candidates, orthogonal to G0, have no first-order
+term in the loss that selects them. ``model`` (the default) uses the mode the client's model is
+in: the threat model's ``model_mode`` when a victim's update is captured, training mode in FL
+training. ``eval`` and ``train`` force one (the official code computes all three in eval mode).
+Scoring never changes the model's batch-norm running statistics.
+
+The official code (KaiyuanZh/censor, ``defense.py``) also differs from the paper's text; each
 difference is a setting, with the paper's behaviour as the default:
 
-- ``projection``: ``exact`` removes (r·g/‖g‖²)·g (the paper's Eq. 12), so every candidate is
-  orthogonal to g. ``as-coded`` draws r with unit norm and removes (r·g/‖g‖)·g, which is
-  orthogonal only when ‖g‖ = 1: on small-norm layers (biases, batch-norm) the candidate keeps a
-  component along g of about (r·ĝ)(1 − ‖g‖).
+- ``projection``: ``exact`` removes the component along g (the paper's Eq. 12), so every
+  candidate is orthogonal to g. ``as-coded`` draws r with unit norm and removes (r·g/‖g‖)·g,
+  which is orthogonal only when ‖g‖ = 1: on small-norm layers (biases, batch-norm) the
+  candidate keeps a component along g of about (r·ĝ)(1 − ‖g‖).
 - ``selection_lr``: η of the candidate loss; 0 uses the learning rate of the update the client
   takes (``fl.lr`` under FedSGD, ``fl.local_lr`` under FedAvg), the code fixes 1e-4.
-- ``fallback``: when no candidate's loss is below the undefended loss L(θ),
-  ``best-candidate`` still shares the best orthogonal candidate; ``as-coded`` shares the original
-  gradient, as the code (and the initialisation G* = G0 of Algorithm 1) does. That fallback
-  leaks the raw gradient, and a warning says so each time it fires.
 - ``scope``: ``layer-wise`` (Algorithm 1) or ``whole-model`` (Table VII).
 - ``trials``: T (20 in the paper and the code).
 
@@ -32,7 +67,7 @@ Fig. 10): the directions are gradients of public images of one class (``public_c
 GAN-based attack then reconstructs images of that class. The paper does not say how the vectors
 are built from the images. Here each trial draws one image of the public pool uniformly (from the
 same CPU generator), takes the gradient of the loss on that image alone, with its label, at the
-current parameters and in the model's current mode (batch-norm buffers left untouched), and uses
+current parameters and in the selection's mode (batch-norm buffers left untouched), and uses
 it as r in place of the Gaussian draw: per layer, or flattened for ``scope: whole-model``. The
 projection and the rescaling to ‖g‖ are unchanged, so the shared update is still orthogonal to
 g, but it points along a public image's gradient. Trials that draw the same image give the same
@@ -49,11 +84,13 @@ loop over the images, and 31 ms with the Gaussian source.
 
 Is the selection meaningful? With the exact projection every candidate is orthogonal to g, so the
 first-order term of L(θ − η·G_t) vanishes and the candidates differ only at second order (η²); at
-the code's η = 1e-4 in float32 their losses differ from L(θ) by float resolution alone. With the
-``as-coded`` projection the lowest loss goes to the candidate with the largest leftover component
-along g: the selection picks the direction that leaks most. Every update records how often the
-fallback fired and the cosine between the shared update and the true gradient
-(:attr:`Censor.stats`), so both effects show in the results.
+the code's η = 1e-4 in float32 their losses differ from L(θ) by float resolution alone, and under
+``algorithm-1`` the raw gradient is then shared about as often as not. With the ``as-coded``
+projection the lowest loss goes to the candidate with the largest leftover component along g:
+the selection picks the direction that leaks most. Every update records whether no candidate
+beat the undefended loss, whether the raw gradient was shared, and the cosine between the shared
+update and the true gradient (:attr:`Censor.stats`, :meth:`Censor.rates`), so both effects show
+in the results.
 
 Candidates are scored one after another (``evaluation: sequential``) or in one batched pass with
 ``torch.func.vmap`` over stacked parameters (``batched``); ``auto`` batches on a GPU and loops on
@@ -63,6 +100,8 @@ the CPU, where the loop measured faster. Both select the same candidate.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,7 +118,13 @@ from gradinv.defenses.base import (
     gradients_of,
     per_sample_gradients,
 )
-from gradinv.settings import bounded
+from gradinv.defenses.orthogonal import (
+    orthogonal_direction,
+    orthogonal_samples,
+    orthonormal_basis,
+)
+from gradinv.models import buffers_kept
+from gradinv.settings import ConfigError, bounded, choice
 
 
 class CensorFallbackWarning(UserWarning):
@@ -97,7 +142,22 @@ class Censor(Defense):
         selection_lr: float = bounded(
             0.0, ge=0.0, doc="η of the candidate loss; 0 = the client's update learning rate"
         )
-        fallback: Literal["best-candidate", "as-coded"] = "best-candidate"
+        fallback: Literal["algorithm-1", "never-raw"] = choice(
+            "algorithm-1",
+            renamed={"as-coded": "algorithm-1", "best-candidate": "never-raw"},
+            doc="no candidate beats the undefended loss: share G0 (Algorithm 1, lines 10-11) "
+            "or the best candidate (the prose: never the raw gradient)",
+        )
+        subspace: Literal["batch", "per-sample", "per-sample-every-label"] = choice(
+            "batch",
+            doc="orthogonal to the batch gradient (Alg. 1, Eq. 12) or to each sample's "
+            "gradient (Eq. 11), or to each sample's under every label (Eq. 11's ∀c)",
+        )
+        mode: Literal["model", "eval", "train"] = choice(
+            "model",
+            doc="the model mode of G0 and of every loss: the model's own (the threat "
+            "model's model_mode at capture), or forced",
+        )
         scope: Literal["layer-wise", "whole-model"] = "layer-wise"
         evaluation: Literal["auto", "sequential", "batched"] = "auto"
         draws: Literal["cpu", "device"] = "cpu"
@@ -107,9 +167,17 @@ class Censor(Defense):
             16, ge=1, doc="source public: the pool, the last N validation images of public_class"
         )
 
+        def __post_init__(self) -> None:
+            if self.projection == "as-coded" and self.subspace != "batch":
+                raise ConfigError(
+                    f"projection as-coded is the official code's formula for one vector, g; "
+                    f"subspace {self.subspace} needs the exact projection: set projection: "
+                    "exact, or subspace: batch"
+                )
+
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.stats = {"updates": 0, "fallbacks": 0, "cosine_sum": 0.0}
+        self.stats = {"updates": 0, "fallbacks": 0, "raw_shared": 0, "cosine_sum": 0.0}
 
     def state_dict(self) -> dict[str, Any]:
         """The counters behind the training summary's ``defense_stats``: a resumed run goes on
@@ -118,6 +186,16 @@ class Censor(Defense):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stats.update(state.get("stats", {}))  # progress saved before it kept them: none
+
+    def rates(self, before: dict[str, Any]) -> dict[str, float]:
+        """Since the counters stood at ``before`` (a round's start): the share of updates in
+        which no candidate beat the undefended loss, and the share that were the raw gradient."""
+        n = self.stats["updates"] - before.get("updates", 0)
+        if n <= 0:
+            return {}
+        fallbacks = self.stats["fallbacks"] - before.get("fallbacks", 0)
+        raw = self.stats["raw_shared"] - before.get("raw_shared", 0)
+        return {"fallback_rate": fallbacks / n, "raw_gradient_rate": raw / n}
 
     @classmethod
     def uses_public(cls, settings: Settings) -> bool:
@@ -138,59 +216,107 @@ class Censor(Defense):
                 "CENSOR needs the step size η of its selection: set defenses.<name>.selection_lr "
                 "or let the pipeline pass the FL learning rate"
             )
-        original = {n: g.detach() for n, g in gradients_of(model, inputs, labels, loss_fn).items()}
-        picks: list[int] = []  # source public: the pool image of each trial
-        if s.source == "public":
-            candidates, picks = self._public_candidates(model, original, loss_fn, generator)
-        else:
-            draw = _draw_generator(generator, next(iter(original.values())).device, s.draws)
-            candidates = [self._candidate(original, draw) for _ in range(s.trials)]
-        was_training = model.training
-        model.eval()  # the code scores candidates in eval mode
-        try:
+        with _in_mode(model, s.mode):
+            # Line 9, G0: the client's own training step (in train mode it updates batch-norm
+            # statistics, as any client's does); nothing after it does.
+            original = {
+                n: g.detach() for n, g in gradients_of(model, inputs, labels, loss_fn).items()
+            }
+            basis = self._basis(model, inputs, labels, loss_fn, original)
+            picks: list[int] = []  # source public: the pool image of each trial
+            if s.source == "public":
+                candidates, picks = self._public_candidates(
+                    model, original, loss_fn, generator, basis
+                )
+            else:
+                draw = _draw_generator(generator, next(iter(original.values())).device, s.draws)
+                candidates = [self._candidate(original, draw, basis=basis) for _ in range(s.trials)]
             base_loss, losses = self._losses(model, inputs, labels, loss_fn, candidates, eta)
-        finally:
-            model.train(was_training)
+            mode = "train" if model.training else "eval"
         best = int(torch.argmin(losses))
-        fired = not bool(losses[best] < base_loss)
-        shared = candidates[best]
-        if fired and s.fallback == "as-coded":
+        fired = not bool(losses[best] < base_loss)  # line 17: strictly lower, or G⋆ stays G0
+        raw = fired and s.fallback == "algorithm-1"
+        shared = original if raw else candidates[best]
+        if raw:
             warnings.warn(
-                "CENSOR fallback (as-coded): no candidate lowered the loss, so the client shares "
-                "its original gradient, unprotected",
+                "CENSOR (fallback: algorithm-1): no candidate lowered the loss, so the client "
+                "shares its raw gradient G0 (Algorithm 1, lines 11 and 20), unprotected",
                 CensorFallbackWarning,
                 stacklevel=2,
             )
-            shared = original
+        bad = [n for n, t in shared.items() if not torch.isfinite(t).all()]
+        if bad:
+            raise FloatingPointError(
+                f"CENSOR: the shared update is not finite at {bad[0]} (the client's gradient "
+                "was not finite there): nothing is shared, and no statistic is computed from it"
+            )
         cosine = gradient_cosine(shared, original)
         self.stats["updates"] += 1
         self.stats["fallbacks"] += int(fired)
-        self.stats["cosine_sum"] += cosine
+        self.stats["raw_shared"] += int(raw)
+        self.stats["cosine_sum"] += cosine if cosine is not None else 0.0
         self.last = {
             "losses": losses.tolist(),
             "base_loss": float(base_loss),
             "selected": best,
             "fallback_fired": fired,
+            "raw_gradient_shared": raw,
             "cosine": cosine,
+            "mode": mode,
         }
         if s.source == "public":
             self.last["public_image"] = picks[best]  # index into the pool of the shared direction
         return shared
 
+    def _basis(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        labels: Tensor,
+        loss_fn: LossFn,
+        grads: Gradients,
+    ) -> dict[str, Tensor] | Tensor | None:
+        """The orthonormal basis each candidate is made orthogonal to: None for ``subspace:
+        batch`` (g alone, per layer or whole); else per layer (or, whole-model, one for the
+        flattened model) a basis spanning the batch's per-sample gradients (Eq. 11) and g."""
+        s = self.settings
+        if s.subspace == "batch":
+            return None
+        x, y = inputs, labels
+        if s.subspace == "per-sample-every-label":  # each instance under each label c
+            classes = _num_classes(model, inputs)
+            x = inputs.repeat_interleave(classes, dim=0)
+            y = torch.arange(classes, device=labels.device).repeat(len(labels))
+        per_sample = per_sample_gradients(model, x, y, loss_fn)
+        if s.scope == "layer-wise":
+            return {
+                n: orthonormal_basis(torch.cat([per_sample[n].flatten(1), g.reshape(1, -1)]))
+                for n, g in grads.items()
+            }
+        names = list(grads)
+        rows = torch.cat([per_sample[n].flatten(1) for n in names], dim=1)
+        flat = torch.cat([grads[n].reshape(1, -1) for n in names], dim=1)
+        return orthonormal_basis(torch.cat([rows, flat]))
+
     def _candidate(
-        self, grads: Gradients, generator: torch.Generator, r: Gradients | None = None
+        self,
+        grads: Gradients,
+        generator: torch.Generator,
+        r: Gradients | None = None,
+        basis: dict[str, Tensor] | Tensor | None = None,
     ) -> Gradients:
         """One orthogonal, norm-matched gradient (Algorithm 1, ORTHOGONAL_GRAD + NORMALIZE_GRAD).
 
         ``r`` is the random direction of every layer; None draws a Gaussian one, layer by layer
-        (or once for the whole flattened gradient).
+        (or once for the whole flattened gradient). ``basis``: see :meth:`_basis`.
         """
         projection = self.settings.projection
         if self.settings.scope == "layer-wise":
             out = {}
             for n, g in grads.items():
                 direction = _gaussian(g, generator) if r is None else r[n]
-                out[n] = orthogonal_direction(g, direction, projection)
+                layer_basis = None if basis is None else basis[n]
+                out[n] = orthogonal_direction(g, direction, projection, layer_basis)
             return out
         names = list(grads)
         flat = torch.cat([grads[n].reshape(-1) for n in names])
@@ -198,13 +324,18 @@ class Censor(Defense):
             direction = _gaussian(flat, generator)
         else:
             direction = torch.cat([r[n].reshape(-1) for n in names])
-        pieces = orthogonal_direction(flat, direction, projection).split(
+        pieces = orthogonal_direction(flat, direction, projection, basis).split(
             [grads[n].numel() for n in names]
         )
         return {n: p.view_as(grads[n]) for n, p in zip(names, pieces, strict=True)}
 
     def _public_candidates(
-        self, model: nn.Module, grads: Gradients, loss_fn: LossFn, generator: torch.Generator
+        self,
+        model: nn.Module,
+        grads: Gradients,
+        loss_fn: LossFn,
+        generator: torch.Generator,
+        basis: dict[str, Tensor] | Tensor | None,
     ) -> tuple[list[Gradients], list[int]]:
         """T candidates whose directions are gradients of public images, one image per trial."""
         images, labels = self._public_pool()
@@ -216,14 +347,14 @@ class Censor(Defense):
         )
         per_drawn = []  # one candidate per drawn image: trials that draw the same image share it
         for k, image in enumerate(drawn.tolist()):
-            candidate = self._candidate(grads, generator, {n: per_image[n][k] for n in grads})
-            bad = [n for n, c in candidate.items() if not torch.isfinite(c).all()]
-            if bad:
+            r = {n: per_image[n][k] for n in grads}
+            candidate = self._candidate(grads, generator, r, basis)
+            flat = lambda d: torch.cat([t.reshape(-1) for t in d.values()])  # noqa: E731
+            if not flat(candidate).any() and flat(grads).any():
                 raise ValueError(
-                    f"CENSOR (source public): the gradient of public image {image} is zero or "
-                    f"parallel to the client's gradient at {bad[0]}, so no orthogonal direction "
-                    "can be built from it; check that the public pool shares no image with the "
-                    "client's batch"
+                    f"CENSOR (source public): the gradient of public image {image} lies in the "
+                    "span of the client's gradient, so no orthogonal direction can be built from "
+                    "it; check that the public pool shares no image with the client's batch"
                 )
             per_drawn.append(candidate)
         return [per_drawn[k] for k in which.tolist()], picks.tolist()
@@ -260,24 +391,39 @@ class Censor(Defense):
         candidates: list[Gradients],
         eta: float,
     ) -> tuple[Tensor, Tensor]:
+        """The loss at θ (line 10) and at θ − η·G_t for each candidate (lines 15-16), in the
+        model's current mode. In train mode batch norm updates its running statistics in each
+        forward pass: every pass gets its own copy of them, so the model's stay as they were."""
         params = {n: p.detach() for n, p in model.named_parameters()}
-        buffers = {n: b for n, b in model.named_buffers()}
+        buffers = dict(model.named_buffers())
+        training = model.training and bool(buffers)
+
+        def own(bufs: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {n: b.clone() for n, b in bufs.items()} if training else bufs
+
         with torch.no_grad():
-            base = loss_fn(model(inputs), labels)
+            base = loss_fn(functional_call(model, {**params, **own(buffers)}, (inputs,)), labels)
             if self._batched(inputs):
                 stacked = {
                     n: torch.stack([p - eta * c[n] if n in c else p for c in candidates])
                     for n, p in params.items()
                 }
+                copies, buffer_dim = buffers, None
+                if training:
+                    copies = {
+                        n: b.expand(len(candidates), *b.shape).clone() for n, b in buffers.items()
+                    }
+                    buffer_dim = 0
 
-                def loss_of(p: dict[str, Tensor]) -> Tensor:
-                    return loss_fn(functional_call(model, {**p, **buffers}, (inputs,)), labels)
+                def loss_of(p: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
+                    return loss_fn(functional_call(model, {**p, **b}, (inputs,)), labels)
 
-                return base, vmap(loss_of)(stacked)
+                batched = vmap(loss_of, in_dims=(0, buffer_dim), randomness="different")
+                return base, batched(stacked, copies)
             losses = []
             for c in candidates:
                 moved = {n: p - eta * c[n] if n in c else p for n, p in params.items()}
-                out = functional_call(model, {**moved, **buffers}, (inputs,))
+                out = functional_call(model, {**moved, **own(buffers)}, (inputs,))
                 losses.append(loss_fn(out, labels))
             return base, torch.stack(losses)
 
@@ -293,27 +439,40 @@ class Censor(Defense):
         Gaussian directions made orthogonal and norm-matched with this defense's ``projection``
         and ``scope``. No selection: the attacker lacks the client's batch that scores the
         candidates. The n directions of a layer come from one ``randn`` call."""
-        if self.settings.source == "public":
+        s = self.settings
+        if s.source == "public" or s.subspace != "batch":
+            what = "source: public" if s.source == "public" else f"subspace: {s.subspace}"
             raise NotImplementedError(
-                "EOT against CENSOR with source: public is not implemented: its directions come "
-                "from gradients of public images, which these Gaussian samples would not "
-                "reproduce; attack that defense with eot_samples: 0"
+                f"EOT against CENSOR with {what} is not implemented: its directions depend on "
+                "gradients the attacker does not have (public images' or each private sample's), "
+                "which these samples orthogonal to the dummy gradient would not reproduce; "
+                "attack that defense with eot_samples: 0"
             )
-        projection = self.settings.projection
-        if self.settings.scope == "layer-wise":
-            return {k: _orthogonal_samples(g, n, generator, projection) for k, g in grads.items()}
+        if s.scope == "layer-wise":
+            return {k: orthogonal_samples(g, n, generator, s.projection) for k, g in grads.items()}
         names = list(grads)
         flat = torch.cat([grads[k].reshape(-1) for k in names])
-        out = _orthogonal_samples(flat, n, generator, projection)
+        out = orthogonal_samples(flat, n, generator, s.projection)
         pieces = out.split([grads[k].numel() for k in names], dim=1)
         return {k: p.reshape(n, *grads[k].shape) for k, p in zip(names, pieces, strict=True)}
 
 
-def _orthogonal_samples(g: Tensor, n: int, generator: torch.Generator, projection: str) -> Tensor:
-    r = torch.randn((n, *g.shape), generator=generator, dtype=g.dtype).to(g.device)
-    # orthogonal_direction reduces over its whole input: vmap applies it to each of the n draws
-    # in one batched pass (measured a little faster than a loop on the CPU)
-    return vmap(lambda ri: orthogonal_direction(g, ri, projection))(r)
+@contextmanager
+def _in_mode(model: nn.Module, mode: str) -> Iterator[None]:
+    """The model in ``mode`` (``model``: as it is) for the block, then as it was."""
+    was_training = model.training
+    if mode != "model":
+        model.train(mode == "train")
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _num_classes(model: nn.Module, inputs: Tensor) -> int:
+    """C, the width of the model's output (Eq. 11's ∀c ∈ [1, C])."""
+    with torch.no_grad(), buffers_kept(model):
+        return int(model(inputs[:1]).shape[-1])
 
 
 def _gaussian(g: Tensor, generator: torch.Generator) -> Tensor:
@@ -332,19 +491,4 @@ def _draw_generator(
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def orthogonal_direction(g: Tensor, r: Tensor, projection: str = "exact") -> Tensor:
-    """``r`` with its component along ``g`` removed, rescaled to ‖g‖ (differentiable in both).
-
-    ``exact`` removes (r·g/‖g‖²)·g (Eq. 12); ``as-coded`` normalizes r to unit norm and removes
-    (r·g/‖g‖)·g, as the official code does (orthogonal only when ‖g‖ = 1). A zero ``g`` gives
-    zeros. The EOT attack uses it on its dummy gradient, CENSOR on the client's gradient.
-    """
-    norm = g.norm()
-    if norm == 0:
-        return torch.zeros_like(g)
-    if projection == "exact":
-        o = r - (r * g).sum() / norm**2 * g
-    else:  # the code: unit-norm r, then r - (r·g/‖g‖)·g
-        r = r / r.norm()
-        o = r - (r * g).sum() / norm * g
-    return o * (norm / o.norm())
+__all__ = ["Censor", "CensorFallbackWarning", "orthogonal_direction"]

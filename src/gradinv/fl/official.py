@@ -1,7 +1,7 @@
 """The training loop of CENSOR's official code (``run_rec.py``), which is not federated learning.
 
-CENSOR's convergence figures (NDSS 2025, Figs. 7-8) come from code that trains differently from
-the paper's Algorithm 1. Each epoch of ``run_rec.py``:
+CENSOR's official repository (KaiyuanZh/censor) has no federated-learning code: its one driver,
+``run_rec.py``, trains the model between its attacks, and each epoch
 
 1. attacks a few validation images (irrelevant to training, left out here);
 2. updates the model once with the *defended* gradient of one image, at ``step_lr`` (1e-3);
@@ -10,9 +10,11 @@ the paper's Algorithm 1. Each epoch of ``run_rec.py``:
    defense is on and ``lr`` (0.1) afterwards.
 
 The defense is on in the first ``defended_epochs`` epochs (10 of 100); after that step 2 uses the
-raw gradient. So the model learns from raw gradients in every epoch, and CENSOR's accuracy in
-that loop says little about CENSOR in FL: this module exists so that the pipeline can show both
-(``convergence.official_loop`` in params.yaml), side by side with Algorithm 1's FL loop.
+raw gradient. So the model learns from raw gradients in every epoch. The code that made the
+paper's convergence figures (Figs. 7-8, Table VI: FL on 100 non-IID clients) is not in the
+repository, so nothing ties those figures to this loop; it runs here
+(``convergence.official_loop`` in params.yaml) as what the repository does, beside FL as
+Algorithm 1 describes it.
 
 Where we differ from the code, on purpose: the image of step 2 is drawn from the training set
 (the code uses the validation image it just attacked, which would train on the test data), and
@@ -101,10 +103,11 @@ def train_official(
     for epoch in tqdm(range(first, loop.epochs), desc="epochs", mininterval=5.0):
         defended = epoch < loop.defended_epochs
         model.train()
+        counters = dict(getattr(defense, "stats", {}))
         try:
             chosen = defense if defended else None
             _defended_step(model, train_x, train_y, chosen, loop, rng, generator)
-        except TrainingDiverged as err:
+        except (TrainingDiverged, FloatingPointError) as err:
             raise TrainingDiverged(f"{err} in epoch {epoch + 1}", history) from None
         train_loss = _central_epoch(
             model, optimizer, train_x, train_y, loop, loop.defended_lr if defended else loop.lr, rng
@@ -113,6 +116,7 @@ def train_official(
             raise TrainingDiverged(f"non-finite training loss in epoch {epoch + 1}", history)
         row: dict[str, float] = {"round": epoch + 1, "train_loss": train_loss}
         row["defended"] = float(defended)
+        row |= defense.rates(counters)  # CENSOR: whether the defended step was the raw gradient
         if (epoch + 1) % loop.eval_every == 0 or epoch + 1 == loop.epochs:
             row |= evaluate(model, test_x, test_y)
         history.append(row)

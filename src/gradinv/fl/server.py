@@ -110,22 +110,26 @@ def train(
         clients = rng.choice(len(parts), size=min(fl.clients_per_round, len(parts)), replace=False)
         updates, locals_ = [], []
         train_loss = 0.0
+        counters = dict(getattr(defense, "stats", {}))  # the round's rates come from these
         model.train()
         for c in clients:
             idx = rng.choice(parts[c], size=min(fl.batch_size, len(parts[c])), replace=False)
             x, y = train_x[idx], train_y[idx]
             with torch.no_grad(), buffers_kept(model):  # the server's look is no training step
                 train_loss += F.cross_entropy(model(x), y).item() / len(clients)
-            update, local = client_update(
-                model,
-                x,
-                y,
-                defense,
-                protocol=fl.protocol,
-                local_steps=fl.local_steps,
-                local_lr=fl.local_lr,
-                generator=generator,
-            )
+            try:
+                update, local = client_update(
+                    model,
+                    x,
+                    y,
+                    defense,
+                    protocol=fl.protocol,
+                    local_steps=fl.local_steps,
+                    local_lr=fl.local_lr,
+                    generator=generator,
+                )
+            except FloatingPointError as err:  # a defense refused a non-finite update
+                raise TrainingDiverged(f"{err} at round {rnd}", history) from None
             updates.append(update)
             locals_.append(local)
         if not np.isfinite(train_loss):
@@ -135,6 +139,7 @@ def train(
         except TrainingDiverged as err:
             raise TrainingDiverged(f"{err} at round {rnd}", history) from None
         row: dict[str, float] = {"round": rnd, "train_loss": train_loss}
+        row |= defense.rates(counters)  # CENSOR: how many of the round's updates were raw
         if rnd % fl.eval_every == 0 or rnd == fl.rounds or rnd in fl.checkpoint_rounds:
             row |= evaluate(model, test_x, test_y)
         history.append(row)

@@ -182,8 +182,13 @@ def run(
         # update and the update the client would have shared undefended. The undefended update
         # runs first, so the defended one is not timed with the first call's warm-up.
         undefended, _ = update_under(build_defense("none", {}, where="capture"))
-        update, seconds = update_under(defense)
-        diagnostics = client_diagnostics(defense, update, undefended)
+        counters = dict(getattr(defense, "stats", {}))
+        try:
+            update, seconds = update_under(defense)
+        except FloatingPointError as err:  # the defense refused a non-finite update
+            save_tensors(out, {"status": "failed", "failure": f"defended update: {err}"})
+            return
+        diagnostics = client_diagnostics(defense, update, undefended, defense.rates(counters))
         diagnostics["client_seconds"] = seconds
     meta = PublicMeta(
         dataset=settings["dataset"],
@@ -215,13 +220,22 @@ def run(
 
 
 def client_diagnostics(
-    defense: Defense, update: dict[str, Tensor], undefended: dict[str, Tensor]
+    defense: Defense,
+    update: dict[str, Tensor],
+    undefended: dict[str, Tensor],
+    rates: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The cosine of the shared update with the undefended one; CENSOR's fallback and losses;
-    the samples a defense protects, where it protects some only (DCS²'s sensitive samples)."""
+    """The cosine of the shared update with the undefended one (None where undefined: a zero or
+    non-finite update); CENSOR's fallback, whether the update was the raw gradient, and its
+    losses; the samples a defense protects, where it protects some only (DCS²'s sensitive
+    samples)."""
     out: dict[str, Any] = {"update_cosine": gradient_cosine(update, undefended)}
     last = defense.last
     out["fallback_fired"] = last.get("fallback_fired")  # None: not a CENSOR update
+    # Whether the update was (FedAvg: any local step of it was) the raw gradient; None: not a
+    # CENSOR update
+    raw = (rates or {}).get("raw_gradient_rate")
+    out["raw_gradient_shared"] = None if raw is None else raw > 0
     out["sensitive"] = last.get("sensitive")  # None: every sample is protected
     out["defense"] = {k: v for k, v in last.items() if k != "losses"}
     return out

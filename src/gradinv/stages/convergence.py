@@ -19,7 +19,7 @@ import pandas as pd
 
 from gradinv.io import atomic_path, read_json
 from gradinv.stages.common import project_path
-from gradinv.stages.utility import final_accuracy
+from gradinv.stages.utility import defense_rates, final_accuracy
 from gradinv.tables.figures import curve_figure, figure_caption
 from gradinv.tables.render import write_csv
 
@@ -125,6 +125,9 @@ def _clients_table(
             accuracy, at_round = _final(s)
             line[f"{labels[d]} accuracy"] = accuracy
             line[f"{labels[d]} round"] = at_round
+            raw = defense_rates(s)["raw_gradient_rate"]
+            if raw is not None:  # CENSOR: the share of updates that were the raw gradient
+                line[f"{labels[d]} raw gradient rate"] = raw
             line[f"{labels[d]} failure"] = s["failure"] or ""
         for d in rest:
             a, b = line[f"{labels[d]} accuracy"], line[f"{labels[first]} accuracy"]
@@ -182,12 +185,9 @@ def _markdown(
     lines += ["", "## Setting", ""]
     lines += [f"- partition: {conv['partition']}", f"- FL: {settings['fl']}"]
     lines += [f"- seed: {settings['seed']}, scale: {settings['scale']}"]
-    stats = {f"{s['defense']} k={_k(s)}": s.get("defense_stats") for s in summaries}
-    stats = {k: v for k, v in stats.items() if v}
-    if stats:
-        lines += [f"- CENSOR diagnostics (updates, fallbacks, cosine sum): {stats}"]
     commits = sorted({str(s.get("git_commit")) for s in summaries})
     lines += [f"- git commit(s): {', '.join(commits)}", ""]
+    lines += _rates_markdown(summaries, settings["labels"])
     lines += ["## Published numbers (Table VI, CENSOR accuracy %)", ""]
     if comparison.empty:
         lines += [
@@ -202,6 +202,38 @@ def _markdown(
                 f"{rec['difference']:+.2f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _rates_markdown(summaries: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """Each CENSOR run's share of client updates that were the raw gradient (Algorithm 1's
+    fallback: those rounds leak) and in which no candidate beat the undefended loss."""
+    rows = []
+    for s in sorted(summaries, key=lambda s: (_k(s), s["defense"])):
+        rates = defense_rates(s)
+        if rates["fallback_rate"] is None:
+            continue
+        accuracy, _ = _final(s)
+        rows.append(
+            f"| {labels[s['defense']]} | {_k(s)} | {rates['raw_gradient_rate']:.3f} | "
+            f"{rates['fallback_rate']:.3f} | {(s.get('defense_stats') or {}).get('updates')} | "
+            f"{'' if accuracy is None else f'{accuracy:.2f}'} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## How often CENSOR shared the raw gradient",
+        "",
+        "Over each FL run: *raw G0*, the share of client updates that were the raw gradient, "
+        "unprotected (Algorithm 1, lines 10-11: no orthogonal candidate lowered the loss); "
+        "*fallback*, the share in which no candidate did (with `fallback: never-raw` the best "
+        "candidate is shared anyway). Per round: each run's `summary.json` history and MLflow "
+        "(`raw_gradient_rate`, `fallback_rate`).",
+        "",
+        "| defense | clients per round | raw G0 | fallback | updates | accuracy (%) |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def _official_markdown(
@@ -219,8 +251,9 @@ def _official_markdown(
         f"and takes one defended step per epoch; the defense is on in the first "
         f"{loop['defended_epochs']} of {loop['epochs']} epochs here. Final test accuracy (%):",
         "",
-        "| defense | accuracy | epoch | difference to no defense | failure |",
-        "|---|---|---|---|---|",
+        "| defense | accuracy | epoch | difference to no defense | raw G0 in defended steps "
+        "| failure |",
+        "|---|---|---|---|---|---|",
     ]
     finals = {s["defense"]: _final(s) for s in summaries}
     vanilla = finals.get("none", (None, None))[0]
@@ -228,7 +261,11 @@ def _official_markdown(
         accuracy, epoch = finals[s["defense"]]
         diff = "" if accuracy is None or vanilla is None else f"{accuracy - vanilla:+.2f}"
         shown = "" if accuracy is None else f"{accuracy:.2f}"
+        stats = s.get("defense_stats") or {}
+        raw = defense_rates(s)["raw_gradient_rate"]
+        raw_text = "" if raw is None else f"{stats.get('raw_shared', 0)} of {stats['updates']}"
         lines.append(
-            f"| {labels[s['defense']]} | {shown} | {epoch or ''} | {diff} | {s['failure'] or ''} |"
+            f"| {labels[s['defense']]} | {shown} | {epoch or ''} | {diff} | {raw_text} | "
+            f"{s['failure'] or ''} |"
         )
     return "\n".join(lines) + "\n"

@@ -132,7 +132,30 @@ def _sweep(x_axis: str | None, defenses: dict[str, Any], rounds: list[int]) -> S
         return None
     if x_axis == "round":
         return Sweep("round", {r: float(r) for r in rounds}, "FL round")
-    return Sweep("defense", {d: float(cfg[x_axis]) for d, cfg in defenses.items()}, x_axis)
+    return Sweep(
+        "defense",
+        {d: float(cfg[x_axis]) for d, cfg in defenses.items()},
+        x_axis,
+        series=_families(defenses, x_axis),
+    )
+
+
+def _families(defenses: dict[str, Any], x_axis: str) -> dict[str, str] | None:
+    """Each defense's family along the ``x_axis`` setting, named by the settings that differ
+    between families (``fallback=never-raw``); None when all are one family."""
+    rest = {
+        d: {k: v for k, v in cfg.items() if k not in (x_axis, "label", "from")}
+        for d, cfg in defenses.items()
+    }
+    keys = {d: repr(sorted(r.items(), key=lambda kv: kv[0])) for d, r in rest.items()}
+    if len(set(keys.values())) < 2:
+        return None
+    differ = sorted(
+        k
+        for k in {k for r in rest.values() for k in r}
+        if len({repr(r.get(k)) for r in rest.values()}) > 1
+    )
+    return {d: ", ".join(f"{k}={r.get(k)}" for k in differ) for d, r in rest.items()}
 
 
 def _tradeoff(x: str | None, settings: dict[str, Any]) -> Tradeoff | None:

@@ -99,6 +99,10 @@ def run(
     row["update_cosine"] = client.get("update_cosine")
     fired = client.get("fallback_fired")
     row["fallback_rate"] = None if fired is None else float(fired)
+    # CENSOR under Algorithm 1: the victim's update was its raw gradient (None: not CENSOR)
+    raw = client.get("raw_gradient_shared")
+    row["raw_gradient_shared"] = raw
+    row["raw_gradient"] = None if raw is None else float(raw)
     row["defense_diagnostics"] = client.get("defense")
     for name in METRICS:  # the metrics that can be unavailable (LPIPS, noise ratio) say why
         if METRICS.get(name).reports_status:
@@ -124,7 +128,14 @@ def _track(
     )
     metrics = {
         k: row[k]
-        for k in (*TRACKED, "attack_success", "client_seconds", "update_cosine", "fallback_rate")
+        for k in (
+            *TRACKED,
+            "attack_success",
+            "client_seconds",
+            "update_cosine",
+            "fallback_rate",
+            "raw_gradient",
+        )
         if k in row and row[k] is not None and not _is_bad(row[k])
     }
     metrics["attack_seconds"] = row["attack_seconds"]

@@ -170,6 +170,11 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             if key != "round":
                 history.setdefault(key, []).append((int(row["round"]), float(value)))
     final = {k: v[-1][1] for k, v in history.items()}
+    from gradinv.stages.utility import defense_rates
+
+    for key, value in defense_rates(summary).items():  # CENSOR: over the whole run
+        if value is not None:
+            final[f"run_{key}"] = value
     epsilon = (summary.get("privacy") or {}).get("epsilon")
     if epsilon is not None and math.isfinite(epsilon):
         final["epsilon"] = epsilon

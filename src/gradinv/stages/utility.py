@@ -32,6 +32,8 @@ COLUMNS = (
     "difference",
     "round",
     "epsilon",
+    "raw_gradient_rate",
+    "fallback_rate",
     "seconds_per_round",
     "status",
     "failure",
@@ -77,6 +79,7 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
                 else accuracy - reference,
                 "round": at_round,
                 "epsilon": privacy.get("epsilon"),
+                **defense_rates(s),
                 "seconds_per_round": s["seconds"] / rounds if rounds else None,
                 "status": s["status"],
                 "failure": s["failure"] or "",
@@ -129,6 +132,21 @@ def _last_evaluations(summary: dict[str, Any], last: int) -> list[dict[str, Any]
     return [p for p in summary["history"] if "test_accuracy" in p][-last:]
 
 
+def defense_rates(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Over a whole training run, CENSOR's share of client updates that were the raw gradient
+    (``raw_gradient_rate``: Algorithm 1's fallback) and in which no candidate beat the
+    undefended loss (``fallback_rate``); None for a defense that counts neither. Per round they
+    are in the run's history (and MLflow)."""
+    stats = summary.get("defense_stats") or {}
+    updates = stats.get("updates")
+    if not updates or "fallbacks" not in stats:
+        return {"raw_gradient_rate": None, "fallback_rate": None}
+    return {
+        "raw_gradient_rate": stats.get("raw_shared", 0) / updates,
+        "fallback_rate": stats["fallbacks"] / updates,
+    }
+
+
 def accuracy_spread(summary: dict[str, Any], last: int) -> float | None:
     """The sample standard deviation (percentage points) of the ``last`` evaluations that
     :func:`final_accuracy` averages: how far one run's reading moves from one evaluation to the
@@ -150,10 +168,14 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
         "± their standard deviation: one run's reading moves that much from one evaluation to "
         "the next, so smaller differences between two defenses mean little; "
         "*relative* is the accuracy over the accuracy without a defense (Refiner's PMM); "
-        "epsilon is the privacy budget a defense accounts (DP-SGD, at the delta of its setting).",
+        "epsilon is the privacy budget a defense accounts (DP-SGD, at the delta of its setting); "
+        "*raw G0* is the share of client updates that were the raw gradient, unprotected "
+        "(CENSOR under Algorithm 1: no orthogonal candidate lowered the loss), and *fallback* the "
+        "share in which no candidate did (under `never-raw` the best candidate is shared anyway).",
         "",
-        "| defense | setting | accuracy | relative | difference | epsilon | s/round | failure |",
-        "|---|---|---|---|---|---|---|---|",
+        "| defense | setting | accuracy | relative | difference | epsilon | raw G0 | fallback "
+        "| s/round | failure |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def num(v: Any, fmt: str) -> str:
@@ -165,7 +187,8 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
             f"| {r['label']} | {r['setting']} | {num(r['accuracy'], '.2f')}"
             f"{' ± ' + spread if spread else ''} | "
             f"{num(r['relative_accuracy'], '.3f')} | {num(r['difference'], '+.2f')} | "
-            f"{num(r['epsilon'], '.3g')} | {num(r['seconds_per_round'], '.3f')} | "
+            f"{num(r['epsilon'], '.3g')} | {num(r['raw_gradient_rate'], '.3f')} | "
+            f"{num(r['fallback_rate'], '.3f')} | {num(r['seconds_per_round'], '.3f')} | "
             f"{r['failure']} |"
         )
     commits = sorted({str(s.get("git_commit")) for s in runs})

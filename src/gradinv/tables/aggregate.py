@@ -63,6 +63,9 @@ METRICS: dict[str, MetricSpec] = {
     # and (CENSOR) whether no candidate beat the undefended loss; the mean is the rate.
     "update_cosine": MetricSpec("UpdateCos", "↓", 4),
     "fallback_rate": MetricSpec("Fallback", "↓", 3),
+    # CENSOR under Algorithm 1: whether the victim's update was its raw gradient G0; the mean
+    # is the share of victims whose update was not protected at all.
+    "raw_gradient": MetricSpec("RawG0", "↓", 3),
     # The CVB paper's attack success rate: the mean over victims of the share of images
     # reconstructed at SSIM >= metrics.success_ssim.
     "attack_success": MetricSpec("ASR", "↓", 3),
@@ -185,6 +188,19 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
     }
 
 
+def _raw_gradients(group: pd.DataFrame | None) -> dict[str, Any]:
+    """How many of a cell's victims shared their raw gradient (CENSOR under Algorithm 1: no
+    candidate beat the undefended loss) and of how many the capture recorded it: ``raw_shared``
+    is NA where none did (a defense that never shares it)."""
+    column = "raw_gradient_shared"
+    if group is None or column not in group.columns:
+        return {"raw_shared": pd.NA, "raw_recorded": 0}
+    known = group[column].dropna()
+    if known.empty:
+        return {"raw_shared": pd.NA, "raw_recorded": 0}
+    return {"raw_shared": int(known.astype(bool).sum()), "raw_recorded": len(known)}
+
+
 def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
     """A metric of the defense's FL training run (accuracy, PMM): one value for the whole cell,
     whatever its attacks did, repeated on each victim's line (a sample of one). A failed run is
@@ -278,6 +294,7 @@ def long_table(
                     if "paper_dataset" in sub
                     else None
                 )
+            raw = _raw_gradients(group)
             for metric in metrics:
                 records.append(
                     {
@@ -287,6 +304,7 @@ def long_table(
                         "attack_label": attack_labels[attack],
                         "metric": metric,
                         **_cell(group, metric),
+                        **raw,
                     }
                 )
     columns = list(
@@ -299,6 +317,8 @@ def long_table(
                 "metric",
                 *STATS,
                 "unavailable",
+                "raw_shared",
+                "raw_recorded",
                 *CONTEXT,
             ]
         )
@@ -314,6 +334,8 @@ def widen(long: pd.DataFrame, rows: Sequence[str] = ("dataset", "defense")) -> p
     """
     line_keys = list(dict.fromkeys(tuple(r) for r in long[list(rows)].itertuples(index=False)))
     lines: dict[tuple[Any, ...], dict[str, Any]] = {k: {} for k in line_keys}
+    # CENSOR's raw-gradient count, once per (line, attack), where any capture recorded it
+    raw = "raw_recorded" in long.columns and bool((long["raw_recorded"] > 0).any())
     for rec in long.to_dict("records"):
         line = lines[tuple(rec[c] for c in rows)]
         for column in rows:
@@ -321,11 +343,21 @@ def widen(long: pd.DataFrame, rows: Sequence[str] = ("dataset", "defense")) -> p
         head = f"{rec['attack_label']} {metric_header(rec['metric'])}"
         for stat in STATS:
             line[f"{head} {stat}"] = rec[stat]
+        if raw:
+            line[f"{rec['attack_label']} raw gradient shared"] = raw_text(rec)
     wide = pd.DataFrame.from_records(list(lines.values()))
     for column in wide.columns:
         if column.endswith((" n", " failed")):
             wide[column] = wide[column].astype("int64")
     return wide
+
+
+def raw_text(rec: dict[str, Any]) -> str:
+    """``3 of 8``: the victims whose update was the raw gradient, of those recorded; empty for a
+    defense that records none."""
+    if not rec.get("raw_recorded"):
+        return ""
+    return f"{int(rec['raw_shared'])} of {int(rec['raw_recorded'])}"
 
 
 def paper_table(

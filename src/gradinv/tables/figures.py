@@ -172,19 +172,23 @@ def sweep_figure(
     x_column: str,
     x_label: str,
     caption: str,
+    series: Mapping[Any, str] | None = None,
 ) -> None:
     """One panel per metric; x = a swept setting (round, T, ...), one line per other row and
     attack, with the std over victims as a band (CENSOR Fig. 9, Table V as a curve).
 
     ``x`` maps each value of ``long[x_column]`` to its position (a defense to its T, a round to
-    itself). Failed runs are counted in the legend rather than hidden.
+    itself); ``series`` maps each value of ``long[x_column]`` to its family where several run
+    along one axis (CENSOR's T under each fallback), a line each. Failed runs are counted in the
+    legend rather than hidden.
     """
     metrics = list(dict.fromkeys(long["metric"]))
     frame = long.assign(x=long[x_column].map(x).astype(float))
     others = [c for c in ("dataset", "defense") if c != x_column and c in long.columns]
-    frame["line"] = (
-        frame[[f"{c}_label" for c in others] + ["attack_label"]].astype(str).agg(" / ".join, axis=1)
-    )
+    parts = frame[[f"{c}_label" for c in others] + ["attack_label"]].astype(str)
+    if series:
+        parts = parts.assign(series=frame[x_column].map(series).astype(str))
+    frame["line"] = parts.agg(" / ".join, axis=1)
     lines = list(dict.fromkeys(frame["line"]))
     colors = sns.color_palette("colorblind", len(lines))
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):

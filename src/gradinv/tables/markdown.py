@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from gradinv.tables.aggregate import metric_header, metric_spec
+from gradinv.tables.aggregate import metric_header, metric_spec, raw_text
 
 ARROWS_LINE = (
     "Arrows follow CENSOR: ↑ higher is better for the defender, ↓ lower is better for the "
@@ -50,9 +50,12 @@ def _cell_tables(long: pd.DataFrame, rows: Sequence[str]) -> list[str]:
     metrics = list(dict.fromkeys(long["metric"]))
     for attack in dict.fromkeys(long["attack_label"]):
         part = long[long["attack_label"] == attack]
+        # CENSOR under Algorithm 1: how many victims' updates were the raw gradient
+        raw = "raw_recorded" in part.columns and bool((part["raw_recorded"] > 0).any())
+        extra = ["raw gradient shared"] if raw else []
         out += [f"### {attack}", ""]
-        out.append("| " + " | ".join([*rows, *(metric_header(m) for m in metrics)]) + " |")
-        out.append("|" + "---|" * len(rows) + "---:|" * len(metrics))
+        out.append("| " + " | ".join([*rows, *(metric_header(m) for m in metrics), *extra]) + " |")
+        out.append("|" + "---|" * len(rows) + "---:|" * (len(metrics) + len(extra)))
         line_keys = dict.fromkeys(tuple(r) for r in part[list(rows)].itertuples(index=False))
         for key in line_keys:
             sel = part[(part[list(rows)] == pd.Series(key, index=list(rows))).all(axis=1)]
@@ -60,6 +63,7 @@ def _cell_tables(long: pd.DataFrame, rows: Sequence[str]) -> list[str]:
             first = next(iter(by_metric.values()))
             labels = [_esc(first[f"{c}_label"]) for c in rows]
             cells = [format_cell(by_metric[m]) for m in metrics]
+            cells += [raw_text(first) or "—"] if raw else []
             out.append("| " + " | ".join(labels + cells) + " |")
         out.append("")
     return out
@@ -131,6 +135,14 @@ def render_markdown(
         f"metrics file for that cell. Exact values: `{csv_name}`; figure: `{figure_name}`.",
         "",
     ]
+    if "raw_recorded" in long.columns and bool((long["raw_recorded"] > 0).any()):
+        lines += [
+            "*raw gradient shared*: of the victims whose capture recorded it, how many shared "
+            "their raw gradient G0 unprotected (CENSOR with `fallback: algorithm-1`: Algorithm "
+            "1, lines 10-11 and 17-20, returns G0 when no orthogonal candidate lowers the loss); "
+            "`—`: a defense that never shares it.",
+            "",
+        ]
     if scaled_down:
         lines += [
             f"> **SCALED-DOWN run of {reproduces}: these are not the paper's settings and "

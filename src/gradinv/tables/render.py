@@ -34,6 +34,9 @@ class Sweep:
     column: str
     values: Mapping[Any, float]
     label: str
+    # Where the table sweeps several families of one setting (CENSOR's T under each fallback):
+    # each defense's family, named by the settings that tell the families apart.
+    series: Mapping[Any, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,7 @@ def render_table(
             x_column=sweep.column,
             x_label=sweep.label,
             caption=caption,
+            series=sweep.series,
         )
     in_table = (
         df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
