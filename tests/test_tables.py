@@ -624,3 +624,95 @@ def test_a_figure_shows_the_first_scored_image_beside_the_reconstruction_matched
     assert original.item() == 1.0 and reconstruction.item() == 11.0
     failed = first_scored_pair({**row, "status": "failed"}, {"status": "failed"}, secret)
     assert failed[0].item() == 1.0 and failed[1] is None
+
+
+def test_each_cell_counts_the_victims_whose_update_was_the_raw_gradient(tmp_path):
+    """CENSOR under Algorithm 1 shares G0 when no candidate helps: every cell says how many of
+    its victims' updates were raw (the CSV, the cells and the Markdown); a defense that records
+    nothing shows nothing."""
+    records = [
+        *(run("none", a, v, raw_gradient_shared=None) for a in ("ig", "gi") for v in range(3)),
+        *(run("noise", a, v, raw_gradient_shared=v == 1) for a in ("ig", "gi") for v in range(3)),
+    ]
+    records[-1] |= {"status": "failed", "failure": "boom", "psnr": math.nan}  # still captured
+    long = long_table(
+        collect(write(tmp_path, records)), attacks=["ig", "gi"], defenses=["none", "noise"]
+    )
+    noise = long[long["defense"] == "noise"]
+    assert (noise["raw_shared"] == 1).all() and (noise["raw_recorded"] == 3).all()
+    assert long.loc[long["defense"] == "none", "raw_recorded"].eq(0).all()
+    out = render_table(
+        "t",
+        write(tmp_path, records),
+        tmp_path / "out",
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+    )
+    wide = pd.read_csv(out["csv"], keep_default_na=False).set_index("defense")
+    assert wide.loc["Noise", "IG raw gradient shared"] == "1 of 3"
+    assert wide.loc["No Defense", "GI raw gradient shared"] == ""
+    md = Path(out["markdown"]).read_text()
+    assert "raw gradient shared" in md and "| 1 of 3 |" in md and "| — |" in md
+
+
+def test_a_table_without_raw_gradient_records_has_no_such_column(tmp_path):
+    wide = paper_table(collect(write(tmp_path, grid_records())), attacks=["ig"], defenses=["none"])
+    assert not [c for c in wide.columns if "raw gradient" in c]
+
+
+def test_a_swept_table_draws_a_line_per_family_of_the_swept_setting(tmp_path, monkeypatch):
+    """Fig. 9 under both fallbacks: T on x, one line per fallback, named by what differs."""
+    import matplotlib.axes
+
+    from gradinv.stages.report import _sweep
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def plot(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), list(args[0]), list(args[1])))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    for key, label in {"a1": "A T1", "a5": "A T5", "n1": "N T1", "n5": "N T5"}.items():
+        monkeypatch.setitem(LABELS, key, label)
+    defenses = {
+        d: {"kind": "censor", "label": LABELS[d], "trials": t, "fallback": f}
+        for d, t, f in (
+            ("a1", 1, "algorithm-1"),
+            ("a5", 5, "algorithm-1"),
+            ("n1", 1, "never-raw"),
+            ("n5", 5, "never-raw"),
+        )
+    }
+    sweep = _sweep("trials", defenses, [0])
+    assert sweep.series == {
+        "a1": "fallback=algorithm-1",
+        "a5": "fallback=algorithm-1",
+        "n1": "fallback=never-raw",
+        "n5": "fallback=never-raw",
+    }
+    psnr = {"a1": 20.0, "a5": 18.0, "n1": 15.0, "n5": 12.0}
+    records = [run(d, victim=v, psnr=p) for d, p in psnr.items() for v in range(2)]
+    render_table(
+        "fig9",
+        write(tmp_path, records),
+        tmp_path / "out",
+        attacks=["ig"],
+        defenses=list(defenses),
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+        sweep=sweep,
+    )
+    lines = {(label, tuple(x), tuple(y)) for label, x, y in drawn if set(y) <= set(psnr.values())}
+    assert lines == {
+        ("Patches / IG / fallback=algorithm-1", (1.0, 5.0), (20.0, 18.0)),
+        ("Patches / IG / fallback=never-raw", (1.0, 5.0), (15.0, 12.0)),
+    }
+    assert _sweep("trials", {d: defenses[d] for d in ("a1", "a5")}, [0]).series is None

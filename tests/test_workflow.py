@@ -90,10 +90,11 @@ def test_paper_dag_has_every_dataset_defense_and_victim(tmp_path):
         for line in proc.stdout.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    # datasets x defenses (Table I's six) x attacks (IG, GI, GGL, GIAS, GIFD) x victims
-    assert counts["attack"] == 3 * 6 * 5 * 10
+    # datasets x defenses (Table I's six, CENSOR in both readings) x attacks (IG, GI, GGL, GIAS,
+    # GIFD) x victims
+    assert counts["attack"] == 3 * 7 * 5 * 10
     assert counts["fetch_generator"] == 2  # BigGAN (ImageNet, CIFAR-10), StyleGAN2 (FFHQ)
-    assert counts["train"] == 3 * 6
+    assert counts["train"] == 3 * 7
 
 
 CENSOR_TARGETS = (
@@ -125,18 +126,19 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
     cfg = yaml.safe_load((root / "params.yaml").read_text())
+    # Every table runs CENSOR in both readings (fallback algorithm-1 and never-raw): 2 families.
     if overlay:
         # The overlay: 10 victims; Table III on ImageNet and FFHQ, the others on ImageNet.
-        eot, rounds, layer, trials = 2 * 2 * 10, 10 * 10 - 10, 10, 5 * 10
+        eot, rounds, layer, trials = 2 * 2 * 2 * 10, 2 * (10 * 10 - 10), 2 * 10, 2 * 5 * 10
         k = [10, 30, 50]
     else:
         v = {t: cfg["tables"][t]["victims"] for t in ("table3_eot", "table5_rounds")}
-        eot, rounds = 2 * v["table3_eot"], 10 * v["table5_rounds"] - v["table5_rounds"]
-        layer, trials = v["table3_eot"], 5 * v["table3_eot"]
+        eot, rounds = 2 * 2 * v["table3_eot"], 2 * (10 * v["table5_rounds"] - v["table5_rounds"])
+        layer, trials = 2 * v["table3_eot"], 2 * 5 * v["table3_eot"]
         k = cfg["convergence"]["clients_per_round"]
-    # Attacks: Table III (censor x {gifd, gifd_eot}), Table V (GIFD, rounds 1-9 beyond Table
-    # III's round 0), Table VII (the whole-model variant), Fig. 9 (GIAS, five T); shared runs
-    # counted once.
+    # Attacks: Table III (each CENSOR x {gifd, gifd_eot}), Table V (GIFD, rounds 1-9 beyond
+    # Table III's round 0), Table VII (the whole-model variants), Fig. 9 (GIAS, five T each);
+    # shared runs counted once.
     assert counts["attack"] == eot + rounds + layer + trials
     assert counts["report"] == 4 and counts["report_convergence"] == 1
     # Convergence: one run per curve at the default K, plus Table VI's defenses at every K.

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from gradinv.tables.aggregate import raw_text
 from gradinv.tables.figures import draw_tradeoff, figure_caption
 from gradinv.tables.render import write_csv
 
@@ -51,6 +52,9 @@ def frontier_points(
             "setting": setting,
             "value": value,
             "pmm": _first(group, "pmm"),
+            # CENSOR under Algorithm 1: victims whose captured update was the raw gradient (one
+            # capture per victim, whatever the attack)
+            "raw_gradient_shared": _raw(group),
         }
         for metric, pick in PRIVACY.items():
             scored = group[(group["metric"] == metric) & (group["n"] > 0)].dropna(subset=["mean"])
@@ -61,6 +65,13 @@ def frontier_points(
             row[metric], row[f"{metric}_attack"] = float(best["mean"]), best["attack_label"]
         rows.append(row)
     return pd.DataFrame.from_records(rows)
+
+
+def _raw(group: pd.DataFrame) -> str:
+    if "raw_recorded" not in group.columns:  # cells written before the count existed
+        return ""
+    recorded = group[group["raw_recorded"] > 0]
+    return raw_text(recorded.iloc[0].to_dict()) if len(recorded) else ""
 
 
 def _first(group: pd.DataFrame, metric: str) -> float:
