@@ -276,12 +276,17 @@ class Censor(Defense):
         loss_fn: LossFn,
         grads: Gradients,
     ) -> dict[str, Tensor] | Tensor | None:
-        """The orthonormal basis each candidate is made orthogonal to: None for ``subspace:
-        batch`` (g alone, per layer or whole); else per layer (or, whole-model, one for the
-        flattened model) a basis spanning the batch's per-sample gradients (Eq. 11) and g."""
+        """The orthonormal basis each candidate is made orthogonal to, per layer (or, whole-model,
+        one for the flattened model): for ``subspace: batch`` the unit gradient ĝ (None with the
+        code's projection, which takes g itself); else a basis spanning the batch's per-sample
+        gradients (Eq. 11) and g."""
         s = self.settings
         if s.subspace == "batch":
-            return None
+            if s.projection != "exact":
+                return None
+            if s.scope == "layer-wise":  # ĝ per layer, once for the T draws
+                return {n: _unit(g) for n, g in grads.items()}
+            return _unit(torch.cat([g.reshape(-1) for g in grads.values()]))
         x, y = inputs, labels
         if s.subspace == "per-sample-every-label":  # each instance under each label c
             classes = _num_classes(model, inputs)
@@ -473,6 +478,12 @@ def _num_classes(model: nn.Module, inputs: Tensor) -> int:
     """C, the width of the model's output (Eq. 11's ∀c ∈ [1, C])."""
     with torch.no_grad(), buffers_kept(model):
         return int(model(inputs[:1]).shape[-1])
+
+
+def _unit(g: Tensor) -> Tensor | None:
+    """ĝ flattened, or None for a zero gradient (whose candidate is zero anyway)."""
+    norm = g.norm()
+    return (g / norm).reshape(-1) if norm > 0 else None
 
 
 def _gaussian(g: Tensor, generator: torch.Generator) -> Tensor:

@@ -56,18 +56,19 @@ def orthogonal_direction(
 ) -> Tensor:
     """``r`` with its component in S removed, rescaled to ‖g‖; zero where S's complement is {0}.
 
-    S is span{g} (Eq. 12), or the span of ``basis`` (n, q) for a tensor of n elements (Eq. 11:
-    the per-sample gradients, flattened). ``exact`` projects; ``as-coded`` follows the official
+    S is span{g} (Eq. 12), or the span of ``basis`` for a tensor of n elements: (n, q)
+    orthonormal columns (Eq. 11: the per-sample gradients, flattened), or (n,) one unit vector
+    (ĝ, computed once for many draws). ``exact`` projects; ``as-coded`` follows the official
     code (see the module docstring) and takes no basis.
     """
     norm = g.norm()
     if norm == 0:
         return torch.zeros_like(g)
     if projection == "exact":
-        q = (g / norm).reshape(-1, 1) if basis is None else basis
+        q = (g / norm).reshape(-1) if basis is None else basis
         flat = r.reshape(-1)
         for _ in range(2):  # twice is enough
-            flat = flat - q @ (q.T @ flat)
+            flat = flat - (q * (q @ flat) if q.ndim == 1 else q @ (q.T @ flat))
         o = flat.view_as(r)
     else:
         if basis is not None:
