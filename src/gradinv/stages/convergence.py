@@ -177,11 +177,7 @@ def _markdown(
         "|" + "---|" * len(table.columns),
     ]
     for rec in table.to_dict("records"):
-        cells = [
-            f"{v:.2f}" if isinstance(v, float) and pd.notna(v) else ("" if v is None else str(v))
-            for v in rec.values()
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_text(k, v) for k, v in rec.items()) + " |")
     lines += ["", "## Setting", ""]
     lines += [f"- partition: {conv['partition']}", f"- FL: {settings['fl']}"]
     lines += [f"- seed: {settings['seed']}, scale: {settings['scale']}"]
@@ -202,6 +198,15 @@ def _markdown(
                 f"{rec['difference']:+.2f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _text(column: str, value: Any) -> str:
+    """A Table VI cell: empty for a missing value (a failed run), rounds and counts whole."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if column.endswith(("round", "clients")):
+        return str(int(value))
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def _rates_markdown(summaries: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
