@@ -423,19 +423,24 @@ def test_vs_paper_matches_an_extra_key_column(tmp_path):
         vs_paper(long, wrong)
 
 
-def test_a_swept_table_draws_a_line_per_attack(tmp_path, monkeypatch):
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every line the figures draw, as (label, xs, ys)."""
     import matplotlib.axes
 
-    from gradinv.tables.render import Sweep
-
-    drawn = []
+    lines = []
     real = matplotlib.axes.Axes.plot
 
     def plot(self, *args, **kwargs):
-        drawn.append((kwargs.get("label"), list(args[0]), list(args[1])))
+        lines.append((kwargs.get("label"), list(args[0]), list(args[1])))
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    return lines
+
+
+def test_a_swept_table_draws_a_line_per_attack(tmp_path, drawn):
+    from gradinv.tables.render import Sweep
 
     records = [run(victim=v, round=r, psnr=20.0 - r) for r in (0, 3, 6) for v in range(2)]
     out = render_table(
@@ -664,20 +669,10 @@ def test_a_table_without_raw_gradient_records_has_no_such_column(tmp_path):
     assert not [c for c in wide.columns if "raw gradient" in c]
 
 
-def test_a_swept_table_draws_a_line_per_family_of_the_swept_setting(tmp_path, monkeypatch):
+def test_a_swept_table_draws_a_line_per_family_of_the_swept_setting(tmp_path, monkeypatch, drawn):
     """Fig. 9 under both fallbacks: T on x, one line per fallback, named by what differs."""
-    import matplotlib.axes
-
     from gradinv.stages.report import _sweep
 
-    drawn = []
-    real = matplotlib.axes.Axes.plot
-
-    def plot(self, *args, **kwargs):
-        drawn.append((kwargs.get("label"), list(args[0]), list(args[1])))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
     for key, label in {"a1": "A T1", "a5": "A T5", "n1": "N T1", "n5": "N T5"}.items():
         monkeypatch.setitem(LABELS, key, label)
     defenses = {
