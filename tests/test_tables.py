@@ -102,7 +102,7 @@ def test_rows_and_columns_follow_the_given_order(tmp_path):
         f"{a} {m} {s}"
         for a in ("IG", "GI")
         for m in ("MSE↑", "LPIPS↑", "PSNR↓", "SSIM↓")
-        for s in ("mean", "std", "n", "failed", "note")
+        for s in ("mean", "std", "ci_low", "ci_high", "n", "failed", "note")
     ]
     assert list(wide.columns) == ["dataset", "defense", *cells]
 
@@ -116,6 +116,31 @@ def test_mean_std_n_match_hand_computation(tmp_path):
     assert wide["IG PSNR↓ mean"] == pytest.approx(21.0)
     assert wide["IG MSE↑ n"] == 3 and wide["IG MSE↑ failed"] == 0
     assert wide["IG MSE↑ note"] == ""
+    # the 95% interval: a percentile bootstrap over the 3 victims, inside their range
+    assert 0.01 <= wide["IG MSE↑ ci_low"] < sum(mses) / 3 < wide["IG MSE↑ ci_high"] <= 0.03
+
+
+def test_a_cells_interval_is_a_seeded_percentile_bootstrap_of_its_victims(tmp_path):
+    from scipy import stats
+
+    from gradinv.stats import RESAMPLES, seed_of
+
+    psnr = [12.0, 15.5, 21.0, 17.25, 30.0, 9.5]
+    records = [run(victim=v, psnr=p) for v, p in enumerate(psnr)]
+    long = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none"])
+    cell = long[long["metric"] == "psnr"].iloc[0]
+    expected = stats.bootstrap(
+        (psnr,),
+        np.mean,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        random_state=np.random.default_rng(seed_of("patches", "none", "ig", "psnr")),
+    ).confidence_interval
+    assert (cell["ci_low"], cell["ci_high"]) == pytest.approx((expected.low, expected.high))
+    again = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none"])
+    assert again.equals(long)  # seeded by the cell, not by the order of work
+    one = long_table(collect(write(tmp_path, records[:1])), attacks=["ig"], defenses=["none"])
+    assert one[["ci_low", "ci_high"]].isna().all().all()  # one victim: no interval
 
 
 def test_failed_runs_are_counted_never_averaged(tmp_path):
@@ -151,7 +176,8 @@ def test_an_exact_reconstruction_counts_as_the_best_psnr_not_a_failure(tmp_path)
     cell = long[long["metric"] == "psnr"].iloc[0]
     assert cell["mean"] == math.inf and (cell["n"], cell["failed"]) == (2, 0)
     assert math.isnan(cell["std"]) and "1 exact reconstruction(s)" in cell["note"]
-    assert format_cell(cell.to_dict()) == "∞ (2)"
+    # the interval: resamples without the exact victim have the other's 30 dB as their mean
+    assert format_cell(cell.to_dict()) == "∞ [30.000, ∞] (2)"
     mse = long[long["metric"] == "mse"].iloc[0]
     assert (mse["n"], mse["failed"]) == (2, 0)
 
@@ -228,7 +254,7 @@ def test_unavailable_lpips_is_empty_with_reason(tmp_path):
     )
     text = out["markdown"].read_text(encoding="utf-8")
     assert "LPIPS UNAVAILABLE in every cell" in text and reason in text
-    assert "| Patches | No Defense | 0.0150 ± 0.0071 (2) | n/a |" in text
+    assert "| Patches | No Defense | 0.0150 ± 0.0071 [0.0100, 0.0200] (2) | n/a |" in text
 
 
 def test_missing_combination_is_shown_not_dropped(tmp_path):
@@ -264,6 +290,13 @@ def test_vs_paper_matches_the_papers_dataset(tmp_path):
     assert psnr["ours_mean"] == pytest.approx(25.5) and psnr["ours_n"] == 2
     assert psnr["difference"] == pytest.approx(25.5 - 26.324)
     assert psnr["scale"] == "embedded"
+    # our interval over the two victims is [25, 26]: the published 26.324 lies outside it
+    assert (psnr["ours_ci_low"], psnr["ours_ci_high"]) == (25.0, 26.0)
+    assert bool(psnr["paper_in_interval"]) is False
+    shifted = [r | {"psnr": r["psnr"] + 1.0} for r in records]  # [26, 27] holds 26.324
+    long = long_table(collect(write(tmp_path, shifted)), attacks=["ig"], defenses=["none"])
+    psnr = vs_paper(long, REFERENCE).query("metric == 'PSNR'").iloc[0]
+    assert bool(psnr["paper_in_interval"]) is True
 
 
 def test_no_paper_dataset_gives_header_only(tmp_path):
@@ -280,8 +313,8 @@ def test_no_paper_dataset_gives_header_only(tmp_path):
         reproduces="CENSOR's Table I",
     )
     assert out["vs_paper"].read_text(encoding="utf-8") == (
-        "dataset,defense,attack,metric,ours_mean,ours_std,ours_n,ours_failed,paper,"
-        "difference,scale\n"
+        "dataset,defense,attack,metric,ours_mean,ours_std,ours_ci_low,ours_ci_high,ours_n,"
+        "ours_failed,paper,difference,paper_in_interval,scale\n"
     )
     text = out["markdown"].read_text(encoding="utf-8")
     assert "No dataset of this run is one of the paper's datasets" in text

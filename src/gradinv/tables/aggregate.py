@@ -17,6 +17,9 @@ Why these rules (failures are loud and recorded):
 * ``std`` uses ddof=1 (the sample standard deviation): the victims are a sample of the test set,
   as in the paper (every 1000th validation image). With n = 1 it is undefined and left empty
   rather than reported as a misleading 0.
+* ``ci_low``/``ci_high``: the 95% interval of the mean over the victims, a percentile bootstrap
+  (:func:`gradinv.stats.bootstrap_mean`, 10,000 resamples, seeded by the cell's key, so a
+  rerender gives the same bytes); empty for a single victim.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gradinv.stats import bootstrap_mean
 from gradinv.tables.files import DEFAULT_METRICS, unavailable_column
 
 
@@ -76,7 +80,7 @@ METRICS: dict[str, MetricSpec] = {
     "accuracy": MetricSpec("Accuracy", "↑", 2, scope="training"),
     "pmm": MetricSpec("PMM", "↑", 3, scope="training"),
 }
-STATS: tuple[str, ...] = ("mean", "std", "n", "failed", "note")
+STATS: tuple[str, ...] = ("mean", "std", "ci_low", "ci_high", "n", "failed", "note")
 #: Columns that must not vary inside one cell unless they are rows of the table.
 SETTING_KEYS: tuple[str, ...] = ("dataset", "model", "defense", "round", "batch_size")
 #: Per-cell context carried into the long table (for comparisons and captions).
@@ -138,11 +142,14 @@ def _joined(values: pd.Series) -> str:
     return "; ".join(sorted({str(v) for v in values.dropna()}))
 
 
-def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
-    """Statistics of one cell under the rules in the module docstring."""
+def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """Statistics of one cell under the rules in the module docstring; ``key`` names the cell
+    and seeds its bootstrap."""
     empty = {
         "mean": math.nan,
         "std": math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
         "n": 0,
         "failed": 0,
         "note": "no runs",
@@ -178,9 +185,12 @@ def _cell(group: pd.DataFrame | None, metric: str) -> dict[str, Any]:
     if len(unscored):
         notes.append(f"{len(unscored)} not scored: {_joined(unscored['failure'])}")
     n = len(kept)
+    low, high = bootstrap_mean(kept, *key, metric)
     return {
         "mean": float(np.mean(kept)) if n else math.nan,
         "std": float(np.std(kept, ddof=1)) if n > 1 and not exact.any() else math.nan,
+        "ci_low": low,
+        "ci_high": high,
         "n": n,
         "failed": len(failed) + nonfinite,
         "note": " | ".join(notes),
@@ -212,12 +222,23 @@ def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
         return {
             "mean": math.nan,
             "std": math.nan,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
             "n": 0,
             "failed": 1,
             "note": f"{source}: {failure}",
             "unavailable": 0,
         }
-    return {"mean": value, "std": math.nan, "n": 1, "failed": 0, "note": source, "unavailable": 0}
+    return {
+        "mean": value,
+        "std": math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+        "n": 1,
+        "failed": 0,
+        "note": source,
+        "unavailable": 0,
+    }
 
 
 def _check_group(group: pd.DataFrame, rows: Sequence[str], where: str) -> None:
@@ -303,7 +324,7 @@ def long_table(
                         "attack": attack,
                         "attack_label": attack_labels[attack],
                         "metric": metric,
-                        **_cell(group, metric),
+                        **_cell(group, metric, (*row_key, attack)),
                         **raw,
                     }
                 )

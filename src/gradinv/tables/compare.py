@@ -23,10 +23,13 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "metric",
     "ours_mean",
     "ours_std",
+    "ours_ci_low",
+    "ours_ci_high",
     "ours_n",
     "ours_failed",
     "paper",
     "difference",
+    "paper_in_interval",
     "scale",
 )
 
@@ -61,8 +64,10 @@ def reference_keys(ref: pd.DataFrame) -> list[str]:
 def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str]) -> pd.DataFrame:
     """Our mean/std/n beside the paper's value for every matching cell, in the table's order.
 
-    ``difference`` is ours minus the paper's. ``scale`` says whether our cell came from the
-    scaled-down ("embedded") or the paper-scale run, because only the latter is meant to agree.
+    ``difference`` is ours minus the paper's; ``paper_in_interval`` whether the published value
+    lies in our cell's 95% interval over victims (empty where there is none: one victim).
+    ``scale`` says whether our cell came from the scaled-down ("embedded") or the paper-scale
+    run, because only the latter is meant to agree.
     """
     ref = read_reference(reference_csv)
     long = df_table_long[df_table_long["paper_dataset"].notna()]
@@ -77,6 +82,8 @@ def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str])
             "metric": [metric_spec(m).label for m in long["metric"]],
             "ours_mean": long["mean"].astype(float),
             "ours_std": long["std"].astype(float),
+            "ours_ci_low": long["ci_low"].astype(float),
+            "ours_ci_high": long["ci_high"].astype(float),
             "ours_n": long["n"].astype("int64"),
             "ours_failed": long["failed"].astype("int64"),
             "scale": long["scale"],
@@ -98,6 +105,12 @@ def vs_paper(df_table_long: pd.DataFrame, reference_csv: str | os.PathLike[str])
         return empty_comparison(extra)
     merged["paper"] = merged["paper"].astype(float)
     merged["difference"] = merged["ours_mean"] - merged["paper"]
+    # whether the published value lies in our 95% interval over victims; empty without one
+    inside = (merged["ours_ci_low"] <= merged["paper"]) & (
+        merged["paper"] <= merged["ours_ci_high"]
+    )
+    known = merged["ours_ci_low"].notna() & merged["ours_ci_high"].notna()
+    merged["paper_in_interval"] = inside.where(known, None).astype(object)
     return merged[_columns(extra)].reset_index(drop=True)
 
 

@@ -84,8 +84,9 @@ def table_figure(
 ) -> None:
     """One panel per (facet, metric): bars = last row column (defense), hue = attack.
 
-    The bar height is the cell mean and the error bar its std over victims, taken from the same
-    long table as the CSV so figure and table cannot disagree. A panel whose metric is unavailable
+    The bar height is the cell mean and the error bar its 95% interval over victims (the
+    bootstrap of :mod:`gradinv.stats`; none for a single victim), taken from the same long table
+    as the CSV so figure and table cannot disagree. A panel whose metric is unavailable
     says so instead of being blank.
     """
     x_col, facet_cols = rows[-1], list(rows[:-1])
@@ -111,7 +112,8 @@ def table_figure(
             for k, attack in enumerate(attacks):
                 part = panel[panel["attack_label"] == attack].set_index(f"{x_col}_label")
                 means = np.array([part["mean"].get(x, math.nan) for x in xs], dtype=float)
-                stds = np.array([part["std"].get(x, math.nan) for x in xs], dtype=float)
+                lows = np.array([part["ci_low"].get(x, math.nan) for x in xs], dtype=float)
+                highs = np.array([part["ci_high"].get(x, math.nan) for x in xs], dtype=float)
                 pos = np.arange(len(xs)) - 0.4 + width * (k + 0.5)
                 exact = np.isposinf(means)  # PSNR of exact reconstructions: no bar, a sign
                 ax.bar(
@@ -131,11 +133,11 @@ def table_figure(
                         fontsize=8,
                         transform=ax.get_xaxis_transform(),
                     )
-                ok = np.isfinite(means) & np.isfinite(stds)
+                ok = np.isfinite(means) & np.isfinite(lows) & np.isfinite(highs)
                 ax.errorbar(
                     pos[ok],
                     means[ok],
-                    yerr=stds[ok],
+                    yerr=np.vstack([means[ok] - lows[ok], highs[ok] - means[ok]]),
                     fmt="none",
                     ecolor="black",
                     elinewidth=0.8,
@@ -175,7 +177,7 @@ def sweep_figure(
     series: Mapping[Any, str] | None = None,
 ) -> None:
     """One panel per metric; x = a swept setting (round, T, ...), one line per other row and
-    attack, with the std over victims as a band (CENSOR Fig. 9, Table V as a curve).
+    attack, with the 95% interval over victims as a band (CENSOR Fig. 9, Table V as a curve).
 
     ``x`` maps each value of ``long[x_column]`` to its position (a defense to its T, a round to
     itself); ``series`` maps each value of ``long[x_column]`` to its family where several run
@@ -201,11 +203,20 @@ def sweep_figure(
             for color, line in zip(colors, lines, strict=True):
                 part = panel[panel["line"] == line].sort_values("x")
                 xs, mean = part["x"].to_numpy(), part["mean"].to_numpy(dtype=float)
-                std = np.nan_to_num(part["std"].to_numpy(dtype=float))
+                low = part["ci_low"].to_numpy(dtype=float)
+                high = part["ci_high"].to_numpy(dtype=float)
                 failed = int(part["failed"].sum())
                 label = f"{line} ({failed} failed)" if failed else line
                 ax.plot(xs, mean, marker="o", color=color, label=label)
-                ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+                band = np.isfinite(low) & np.isfinite(high)  # none for a single victim
+                ax.fill_between(
+                    xs,
+                    np.where(band, low, mean),
+                    np.where(band, high, mean),
+                    color=color,
+                    alpha=0.2,
+                    lw=0,
+                )
             _say_why_empty(ax, panel)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)

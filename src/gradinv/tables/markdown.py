@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from gradinv.stats import RESAMPLES
 from gradinv.tables.aggregate import metric_header, metric_spec, raw_text
 
 ARROWS_LINE = (
@@ -27,7 +28,8 @@ def _esc(text: Any) -> str:
 
 
 def format_cell(rec: Mapping[str, Any]) -> str:
-    """``mean ± std (n)``, ``, k failed`` when k > 0; ``n/a`` for an unavailable metric."""
+    """``mean ± std [low, high] (n)``: the 95% interval in brackets (none for one victim),
+    ``, k failed`` when k > 0; ``n/a`` for an unavailable metric."""
     decimals = metric_spec(rec["metric"]).decimals
     n, failed = int(rec["n"]), int(rec["failed"])
     counts = f"{n}, {failed} failed" if failed else f"{n}"
@@ -37,11 +39,21 @@ def format_cell(rec: Mapping[str, Any]) -> str:
         if failed:
             return f"— ({counts})"
         return "no runs"
-    mean = "∞" if rec["mean"] == math.inf else f"{rec['mean']:.{decimals}f}"  # exact (PSNR)
+    mean = _number(rec["mean"], decimals)  # ∞: exact reconstructions (PSNR)
     std = rec["std"]
-    if isinstance(std, float) and math.isnan(std):
-        return f"{mean} ({counts})"
-    return f"{mean} ± {std:.{decimals}f} ({counts})"
+    text = mean if _missing(std) else f"{mean} ± {std:.{decimals}f}"
+    low, high = rec.get("ci_low"), rec.get("ci_high")
+    if not (_missing(low) or _missing(high)):
+        text += f" [{_number(low, decimals)}, {_number(high, decimals)}]"
+    return f"{text} ({counts})"
+
+
+def _number(value: float, decimals: int) -> str:
+    return "∞" if value == math.inf else f"{value:.{decimals}f}"
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _cell_tables(long: pd.DataFrame, rows: Sequence[str]) -> list[str]:
@@ -67,6 +79,15 @@ def _cell_tables(long: pd.DataFrame, rows: Sequence[str]) -> list[str]:
             out.append("| " + " | ".join(labels + cells) + " |")
         out.append("")
     return out
+
+
+def _inside_count(comparison: pd.DataFrame) -> str:
+    """`` (inside: k of m cells with an interval)``, or nothing when none has one."""
+    known = comparison["paper_in_interval"].dropna()
+    if known.empty:
+        return ""
+    inside = int(known.astype(bool).sum())
+    return f" (the paper's value inside our interval: {inside} of {len(known)} cells with one)"
 
 
 def _warnings(long: pd.DataFrame) -> list[str]:
@@ -129,10 +150,13 @@ def render_markdown(
         "",
         ARROWS_LINE,
         "",
-        "Cells: mean ± std over victims (sample std, ddof=1; omitted for a single victim) "
-        "and, in brackets, n = victims averaged, then `k failed` = victims whose run failed; "
+        "Cells: mean ± std over victims (sample std, ddof=1; omitted for a single victim), "
+        "[the 95% interval of the mean: a percentile bootstrap over the victims, "
+        f"{RESAMPLES:,} resamples, seeded by the cell; none for a single victim], and in "
+        "parentheses n = victims averaged, then `k failed` = victims whose run failed; "
         "failed victims are never averaged in. `n/a`: metric unavailable; `no runs`: no "
-        f"metrics file for that cell. Exact values: `{csv_name}`; figure: `{figure_name}`.",
+        f"metrics file for that cell. Exact values: `{csv_name}`; figure: `{figure_name}` "
+        "(error bars: the 95% intervals).",
         "",
     ]
     if "raw_recorded" in long.columns and bool((long["raw_recorded"] > 0).any()):
@@ -169,7 +193,10 @@ def render_markdown(
         scales = ", ".join(sorted({str(s) for s in comparison["scale"]}))
         lines.append(
             f"{len(comparison)} cell(s) match `{reference_name}` (our scale: {scales}); "
-            f"ours, the paper's value and the difference are in `{vs_paper_name}`."
+            f"ours with its 95% interval, the paper's value, the difference and whether the "
+            f"paper's value lies in our interval are in `{vs_paper_name}`"
+            + _inside_count(comparison)
+            + "."
         )
     lines.append("")
     lines += ["## Failed runs", ""]
