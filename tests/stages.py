@@ -41,6 +41,7 @@ class Stages:
         self.capture = root / f"results/captures/{run}/victim0.pt"
         self.attack = root / f"results/attacks/{run}/ig/victim0.pt"
         self.metrics = root / f"results/metrics/{run}/ig/victim0.json"
+        self.floor = root / "data/floor/patches.pt"
 
     def settings(self, stage: str, **w: str) -> str:
         return job_settings(self.config, stage, **{**self.w, **w})
@@ -87,6 +88,21 @@ class Stages:
                 *map(str, self.checkpoints),
                 "--summary",
                 str(self.summary),
+            ]
+        )
+
+    def floor_image(self) -> int:
+        return main(
+            [
+                "floor",
+                "--settings",
+                self.settings("floor"),
+                "--prepared-dir",
+                str(self.prepared.parent),
+                "--partition",
+                str(self.partition),
+                "--out",
+                str(self.floor),
             ]
         )
 
@@ -151,6 +167,8 @@ class Stages:
                 str(self.victim),
                 "--capture",
                 str(self.capture),
+                "--floor",
+                str(self.floor),
                 "--out",
                 str(self.metrics),
                 "--model",
@@ -166,6 +184,7 @@ class Stages:
         for step in (
             self.prepare,
             self.partition_data,
+            self.floor_image,
             self.train,
             self.select_victim,
             self.capture_update,

@@ -52,190 +52,284 @@ def _verdicts(claims: list[Claim], frame) -> list[str]:
     return list(evaluate(claims, {"t": frame}, "embedded")["verdict"])
 
 
-TABLE = _cells(
+def _victims(values, floor=None, **columns):
+    """Per-victim values (as ``<table>_victims.csv``) from {(defense, attack, metric): [value of
+    victim 0, 1, ...]}; ``floor`` gives each metric's floor value, the same for every victim."""
+    rows = {}
+    for (d, a, m), series in values.items():
+        for v, value in enumerate(series):
+            row = rows.setdefault(
+                (d, a, v),
+                {
+                    "dataset": "patches",
+                    "model": "cnn3",
+                    "defense": d,
+                    "attack": a,
+                    "round": 0,
+                    "batch_size": 1,
+                    "victim": v,
+                    "status": "ok",
+                    **columns,
+                },
+            )
+            row[m] = value
+            if floor and m in floor:
+                row[f"floor_{m}"] = floor[m]
+    return pd.DataFrame.from_records(list(rows.values()))
+
+
+def _around(center, n=8, spread=0.02):
+    """n values around ``center``, none equal, symmetric: a consistent measurement."""
+    return [center + spread * ((i % 4) - 1.5) for i in range(n)]
+
+
+VICTIMS = _victims(
     {
-        ("none", "ig", "ssim"): 0.6,
-        ("censor", "ig", "ssim"): 0.1,
-        ("soteria", "ig", "ssim"): 0.05,
-        ("none", "ggl", "ssim"): 0.5,
-        ("censor", "ggl", "ssim"): 0.2,
-        ("soteria", "ggl", "ssim"): 0.4,
-        ("none", "ig", "mse"): 0.01,
-        ("censor", "ig", "mse"): 0.09,
-        ("none", "ggl", "mse"): 0.02,
-        ("censor", "ggl", "mse"): 0.01,
+        ("none", "ig", "ssim"): _around(0.6),
+        ("censor", "ig", "ssim"): _around(0.1),
+        ("soteria", "ig", "ssim"): _around(0.05),
+        ("none", "ggl", "ssim"): _around(0.5),
+        ("censor", "ggl", "ssim"): _around(0.2),
+        ("soteria", "ggl", "ssim"): _around(0.4),
+        ("none", "ig", "mse"): _around(0.01, spread=0.001),
+        ("censor", "ig", "mse"): _around(0.09, spread=0.001),
+        ("none", "ggl", "mse"): _around(0.02, spread=0.001),
+        ("censor", "ggl", "mse"): _around(0.01, spread=0.001),
     }
 )
 
 
-def test_a_relation_that_holds_in_every_group_holds_and_its_reverse_fails(tmp_path):
+TABLE = (  # the same as cell means, the layout of a published table (reference_cells)
+    VICTIMS.melt(
+        id_vars=["dataset", "defense", "attack", "victim"],
+        value_vars=["ssim", "mse"],
+        var_name="metric",
+        value_name="mean",
+    )
+    .dropna()
+    .groupby(["dataset", "defense", "attack", "metric"], as_index=False)["mean"]
+    .mean()
+)
+
+
+def test_a_consistent_gap_over_eight_victims_holds_and_its_reverse_fails(tmp_path):
     claims = _claims(tmp_path, _check(), _check(relation="greater"))
-    table = evaluate(claims, {"t": TABLE}, "embedded")
+    table = evaluate(claims, {"t": VICTIMS}, "embedded")
     assert list(table["verdict"]) == ["holds", "fails"]
-    assert list(table["evaluated"]) == [2, 2] and list(table["satisfied"]) == [2, 0]
-    assert "patches/ig: censor 0.1 vs none 0.6 (yes)" in table.loc[0, "evidence"]
+    assert list(table["holds_groups"]) == [2, 0] and list(table["fails_groups"]) == [0, 2]
+    evidence = table.loc[0, "evidence"]
+    assert "patches/ig: censor − none −0.5 [" in evidence and "(n 8 victims): holds" in evidence
     assert set(table["scale"]) == {"embedded"}
 
 
+def test_a_claim_over_two_victims_with_a_small_gap_is_not_called_holds(tmp_path):
+    """Two victims, both a little lower under CENSOR: no sign-flip test can tell that from
+    chance (2 of the 4 sign patterns are as extreme), so the verdict is inconclusive."""
+    two = _victims({("none", "ig", "ssim"): [0.30, 0.42], ("censor", "ig", "ssim"): [0.29, 0.41]})
+    table = evaluate(_claims(tmp_path, _check()), {"t": two}, "embedded")
+    assert table.loc[0, "verdict"] == "inconclusive"
+    assert "−0.01 [−∞, ∞] (n 2 victims): inconclusive" in table.loc[0, "evidence"]
+
+
+def test_an_interval_across_zero_is_inconclusive_and_a_mixed_claim_says_so(tmp_path):
+    mixed = _victims(
+        {
+            ("none", "ig", "ssim"): [0.5] * 8,
+            ("censor", "ig", "ssim"): [0.4, 0.6, 0.45, 0.55, 0.3, 0.7, 0.48, 0.52],
+            ("none", "ggl", "ssim"): _around(0.5),
+            ("censor", "ggl", "ssim"): _around(0.2),
+        }
+    )
+    table = evaluate(_claims(tmp_path, _check()), {"t": mixed}, "embedded")
+    assert table.loc[0, "verdict"] == "inconclusive"  # GGL holds, IG cannot tell
+    assert (table.loc[0, "holds_groups"], table.loc[0, "inconclusive_groups"]) == (1, 1)
+    half = evaluate(_claims(tmp_path, _check(expect=0.5)), {"t": mixed}, "embedded")
+    assert half.loc[0, "verdict"] == "holds"  # one of the two groups is enough
+
+
+def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
+    """GI's undefended reconstructions are no closer than the public mean image on the median
+    victim: a defense cannot lower it, so its group is undecidable, not failed."""
+    floor = {"psnr": 14.0}
+    frame = _victims(
+        {
+            ("none", "ig", "psnr"): _around(20.0, spread=1.0),  # beats the floor by ~6 dB
+            ("censor", "ig", "psnr"): _around(8.0, spread=1.0),
+            ("none", "gi", "psnr"): _around(12.0, spread=1.0),  # 2 dB below the floor
+            ("censor", "gi", "psnr"): _around(13.0, spread=1.0),
+        },
+        floor=floor,
+    )
+    check = _check(metrics=["psnr"], relation="better")
+    table = evaluate(_claims(tmp_path, check), {"t": frame}, "embedded", undefended=frame)
+    row = table.iloc[0]
+    assert row["verdict"] == "holds"  # IG decides it; GI is left out, and the note says so
+    assert (row["holds_groups"], row["undecidable_groups"]) == (1, 1)
+    assert (
+        "patches/gi: undecidable (undefended gi at round 0 does not beat the floor"
+        in (row["evidence"])
+    )
+    assert "1 group(s) undecidable" in row["reason"]
+    only_gi = _claims(tmp_path, {**check, "where": {"attack": ["gi"]}})
+    gi = evaluate(only_gi, {"t": frame}, "embedded", undefended=frame).iloc[0]
+    assert gi["verdict"] == "undecidable"
+    # the undefended runs may be another table's: the floor check looks them up there
+    defended_only = frame[frame["defense"] != "none"]
+    elsewhere = evaluate(only_gi, {"t": defended_only}, "embedded", undefended=frame)
+    assert elsewhere.loc[0, "verdict"] == "not evaluated"  # no "none" side to compare with
+    censor_vs_nothing = _check(metrics=["psnr"], compare="attack", left="gi", right="ig")
+    by_attack = evaluate(
+        _claims(tmp_path, {**censor_vs_nothing, "relation": "greater", "over": ["dataset"]}),
+        {"t": defended_only},
+        "embedded",
+        undefended=frame,
+    )
+    assert by_attack.loc[0, "verdict"] == "undecidable"  # GI, one of the two, is at the floor
+
+
 def test_better_follows_each_metrics_arrow(tmp_path):
-    # MSE: higher is better for the defender; SSIM: lower. CENSOR's GGL MSE is worse (0.01).
+    # MSE: higher is better for the defender; SSIM: lower. CENSOR's GGL MSE is worse.
     claims = _claims(tmp_path, _check(metrics=["mse", "ssim"], relation="better"))
-    table = evaluate(claims, {"t": TABLE}, "embedded")
+    table = evaluate(claims, {"t": VICTIMS}, "embedded")
     assert table.loc[0, "verdict"] == "fails"
-    assert (table.loc[0, "satisfied"], table.loc[0, "evaluated"]) == (3, 4)
+    assert (table.loc[0, "holds_groups"], table.loc[0, "fails_groups"]) == (3, 1)
     fraction = _claims(tmp_path, _check(metrics=["mse", "ssim"], relation="better", expect=0.75))
-    assert _verdicts(fraction, TABLE) == ["holds"]
+    assert _verdicts(fraction, VICTIMS) == ["holds"]
 
 
 def test_only_where_holds_exactly_in_the_named_groups(tmp_path):
     soteria = dict(left="soteria", right="censor", relation="better")
     exact = _claims(tmp_path, _check(**soteria, only_where={"attack": ["ig"]}))
-    assert _verdicts(exact, TABLE) == ["holds"]
+    assert _verdicts(exact, VICTIMS) == ["holds"]
     wrong = _claims(tmp_path, _check(**soteria, only_where={"attack": ["ggl"]}))
-    table = evaluate(wrong, {"t": TABLE}, "embedded")
-    assert table.loc[0, "verdict"] == "fails"
-    assert table.loc[0, "reason"] == "unlike the claim in patches/ig, patches/ggl"
+    assert _verdicts(wrong, VICTIMS) == ["fails"]
 
 
 def test_others_compares_against_every_other_value(tmp_path):
     claims = _claims(tmp_path, _check(right="others"), _check(left="soteria", right="others"))
-    assert _verdicts(claims, TABLE) == ["fails", "fails"]  # soteria loses at GGL, censor at IG
+    assert _verdicts(claims, VICTIMS) == ["fails", "fails"]  # soteria loses at GGL, censor at IG
     only_ggl = _claims(tmp_path, _check(right="others", where={"attack": "ggl"}))
-    assert _verdicts(only_ggl, TABLE) == ["holds"]
+    assert _verdicts(only_ggl, VICTIMS) == ["holds"]
 
 
-def test_within_and_tolerance(tmp_path):
-    utility = pd.DataFrame({"defense": ["none", "dcs2", "dp"], "accuracy": [50.0, 49.5, 40.0]})
-    base = dict(table="utility", metrics=["accuracy"], over=[], right="none", relation="within")
+def _utility(accuracies):
+    """The utility runs, one line per defense and seed, from {defense: [accuracy per seed]}."""
+    return pd.DataFrame.from_records(
+        [
+            {"defense": d, "seed": s, "accuracy": a, "status": "ok"}
+            for d, values in accuracies.items()
+            for s, a in enumerate(values)
+        ]
+    )
+
+
+def test_accuracy_claims_pair_the_training_seeds(tmp_path):
+    utility = _utility(
+        {"none": [50.0, 46.0, 53.0], "dcs2": [49.6, 45.8, 52.5], "dp": [40.0, 35.0, 44.0]}
+    )
+    base = dict(table="utility", metrics=["accuracy"], over=[], right="none")
     claims = _claims(
         tmp_path,
-        {**_check(**base), "left": "dcs2", "tolerance": 1.0},
-        {**_check(**base), "left": "dp", "tolerance": 1.0},
+        {**_check(**base), "left": "dcs2", "relation": "within", "tolerance": 1.0},
+        {**_check(**base), "left": "dp", "relation": "within", "tolerance": 1.0},
         {**_check(**base), "left": "dp", "relation": "less", "tolerance": 5.0},
-        {**_check(**base), "left": "dp", "relation": "less", "tolerance": 15.0},
         {**_check(**base), "left": "dcs2", "relation": "not_below", "tolerance": 1.0},
         {**_check(**base), "left": "dp", "relation": "not_below", "tolerance": 1.0},
-        {**_check(**base), "left": "none", "right": "dp", "relation": "not_below"},
-        {**_check(**base), "left": "dcs2", "relation": "not_below", "tolerance": 0.5},  # boundary
     )
     table = evaluate(claims, {"utility": utility}, "embedded")
-    expected = ["holds", "fails", "holds", "fails", "holds", "fails", "holds", "holds"]
-    assert list(table["verdict"]) == expected
+    assert list(table["verdict"]) == ["holds", "fails", "holds", "holds", "fails"]
+    assert "(n 3 seeds)" in table.loc[0, "evidence"]
+    one_seed = _utility({"none": [50.0], "dcs2": [49.9]})
+    single = evaluate(claims[:1], {"utility": one_seed}, "embedded")
+    assert single.loc[0, "verdict"] == "inconclusive"  # one run decides nothing
 
 
-def test_exact_reconstructions_compare_as_the_best_psnr(tmp_path):
-    """PSNR +inf (Imprint's exact reconstructions): equal to another +inf, above any finite."""
-    table = _cells(
+def test_exact_reconstructions_pair_as_the_best_psnr(tmp_path):
+    """PSNR +inf (Imprint's exact reconstructions): above any finite PSNR, equal to another."""
+    frame = _victims(
         {
-            ("none", "imprint", "psnr"): math.inf,
-            ("soteria", "imprint", "psnr"): math.inf,
-            ("dcs2", "imprint", "psnr"): 20.0,
+            ("none", "imprint", "psnr"): [math.inf] * 8,
+            ("soteria", "imprint", "psnr"): [math.inf] * 8,
+            ("dcs2", "imprint", "psnr"): _around(20.0, spread=2.0),
         }
     )
     check = dict(metrics=["psnr"], right="none", tolerance=1.0)
     claims = _claims(
         tmp_path,
         _check(**check, left="soteria", relation="within"),
-        _check(**check, left="dcs2", relation="within"),
         _check(**check, left="dcs2", relation="less"),
         _check(**check, left="soteria", relation="less"),
     )
-    assert _verdicts(claims, table) == ["holds", "fails", "holds", "fails"]
-
-
-def test_an_accuracy_claim_shows_each_runs_spread(tmp_path):
-    """A single run's accuracy moves between evaluations; the evidence says by how much, so a
-    verdict decided by less than that is seen to be."""
-    utility = pd.DataFrame(
-        {"defense": ["none", "dcs2"], "accuracy": [50.0, 49.5], "accuracy_spread": [6.0, None]}
-    )
-    check = dict(table="utility", metrics=["accuracy"], over=[], left="dcs2", right="none")
-    claims = _claims(tmp_path, {**_check(**check), "relation": "within", "tolerance": 1.0})
-    table = evaluate(claims, {"utility": utility}, "embedded")
-    assert table.loc[0, "verdict"] == "holds"
-    assert table.loc[0, "evidence"] == "all: dcs2 49.5 vs none 50 ± 6 (yes)"
+    assert _verdicts(claims, frame) == ["holds", "holds", "fails"]
 
 
 def test_missing_values_and_tables_are_not_evaluated_with_the_reason(tmp_path):
     claims = _claims(tmp_path, _check(left="refiner"), _check(table="absent"))
-    table = evaluate(claims, {"t": TABLE}, "paper")
+    table = evaluate(claims, {"t": VICTIMS}, "paper")
     assert list(table["verdict"]) == ["not evaluated", "not evaluated"]
-    assert table.loc[0, "reason"] == "no group has both values"
-    assert "patches/ig: no value for refiner" in table.loc[0, "evidence"]
+    assert "no group has both values" in table.loc[0, "reason"]
+    assert "patches/ig: no values for refiner" in table.loc[0, "evidence"]
     assert "absent is not built by this configuration" in table.loc[1, "reason"]
     text = markdown(table, "paper")
-    assert "2 not evaluated of 2 claims" in text and "SCALED-DOWN" not in text
-    assert "SCALED-DOWN" in markdown(table, "embedded")
+    assert "0 holds, 0 fails, 0 inconclusive, 0 undecidable, 2 not evaluated** of 2 claims" in (
+        text
+    )
+    assert "SCALED-DOWN" not in text and "SCALED-DOWN" in markdown(table, "embedded")
 
 
-def test_groups_without_both_values_never_count_in_the_claims_favour(tmp_path):
-    # IG has both values (CENSOR lowers SSIM there); GGL has no CENSOR cell (no runs).
-    gap = TABLE[~((TABLE["defense"] == "censor") & (TABLE["attack"] == "ggl"))]
+def test_claims_md_counts_the_four_verdicts_apart(tmp_path):
+    floor = {"ssim": 0.05}
+    frame = _victims(
+        {
+            ("none", "ig", "ssim"): _around(0.6),
+            ("censor", "ig", "ssim"): _around(0.1),
+            ("none", "gi", "ssim"): _around(0.04, spread=0.005),  # below the floor
+            ("censor", "gi", "ssim"): _around(0.03, spread=0.005),
+        },
+        floor=floor,
+    )
     claims = _claims(
         tmp_path,
-        _check(),  # all: the missing group could fail it, so undecided
-        _check(expect=0.5),  # half: IG alone carries it
-        _check(relation="greater"),  # IG already fails it
-        _check(left="soteria", right="censor", relation="better", only_where={"attack": "ig"}),
+        _check(where={"attack": ["ig"]}),
+        _check(where={"attack": ["ig"]}, relation="greater"),
+        _check(where={"attack": ["ig"]}, relation="within", tolerance=0.6),
+        _check(where={"attack": ["gi"]}),
     )
-    table = evaluate(claims, {"t": gap}, "embedded")
-    assert list(table["verdict"]) == ["not evaluated", "holds", "fails", "not evaluated"]
-    assert list(table["groups"]) == [2, 2, 2, 2] and list(table["evaluated"]) == [1, 1, 1, 1]
-    assert "1 of 2 group(s) without both values" in table.loc[0, "reason"]
-    assert "undecided: the relation holds in 1 of 1 evaluated group(s)" in table.loc[0, "reason"]
-    assert "| 1/1 (1 without values) |" in markdown(table, "embedded")
-
-
-def test_a_cell_without_runs_joins_its_group(tmp_path):
-    # a cell with no runs has no model (the table's context comes from runs): it takes the
-    # table's one model, so GGL is one group short of CENSOR's value, not two half groups
-    frame = TABLE.assign(model="lenet")
-    frame.loc[(frame["defense"] == "censor") & (frame["attack"] == "ggl"), ["model", "mean"]] = None
-    claims = _claims(tmp_path, _check(over=["dataset", "model", "attack"]))
-    table = evaluate(claims, {"t": frame}, "embedded")
-    assert table.loc[0, "verdict"] == "not evaluated"
-    assert table.loc[0, "groups"] == 2 and table.loc[0, "evaluated"] == 1
-    assert "patches/lenet/ggl: no value for censor" in table.loc[0, "evidence"]
+    table = evaluate(claims, {"t": frame}, "embedded", undefended=frame)
+    assert list(table["verdict"]) == ["holds", "fails", "holds", "undecidable"]
+    text = markdown(table, "embedded")
+    assert "**3 holds" not in text and "2 holds, 1 fails, 0 inconclusive, 1 undecidable" in text
 
 
 def test_a_metric_with_no_value_anywhere_is_left_out_with_a_note(tmp_path):
-    lpips = _cells(
-        {(d, a, "lpips"): float("nan") for d in ("none", "censor") for a in ("ig", "ggl")}
-    )
-    lpips["note"] = "LPIPS unavailable: no pretrained weights"
-    frame = pd.concat([TABLE, lpips.assign(unavailable=2)])
+    frame = VICTIMS.assign(lpips=math.nan)
     claims = _claims(tmp_path, _check(metrics=["ssim", "lpips"], relation="better"))
     table = evaluate(claims, {"t": frame}, "embedded")
     assert table.loc[0, "verdict"] == "holds"  # on SSIM, the metric this run computed
-    assert (table.loc[0, "evaluated"], table.loc[0, "groups"]) == (2, 2)
-    reason = "lpips is unavailable in this run (LPIPS unavailable: no pretrained weights)"
-    assert reason in table.loc[0, "reason"]
-    # a metric with no value for another reason (every run failed) is kept: it decides nothing
-    failed = pd.concat([TABLE, lpips.assign(unavailable=0, note="2 failed")])
-    kept = evaluate(_claims(tmp_path, _check(metrics=["ssim", "lpips"])), {"t": failed}, "e")
-    assert kept.loc[0, "verdict"] == "not evaluated" and kept.loc[0, "groups"] == 4
+    assert "lpips has no value in this run" in table.loc[0, "reason"]
     only_lpips = evaluate(_claims(tmp_path, _check(metrics=["lpips"])), {"t": frame}, "embedded")
     assert only_lpips.loc[0, "verdict"] == "not evaluated"
-    absent = evaluate(_claims(tmp_path, _check(metrics=["psnr"])), {"t": TABLE}, "embedded")
-    assert absent.loc[0, "verdict"] == "not evaluated"
-    assert "psnr is not in t" in absent.loc[0, "reason"]
 
 
 def test_a_check_on_a_column_the_table_lacks_names_it(tmp_path):
-    claims = _claims(tmp_path, _check(where={"model": ["lenet"]}))
-    with pytest.raises(ClaimError, match=r"c0: t has no column\(s\) \['model'\]"):
-        evaluate(claims, {"t": TABLE}, "embedded")
+    claims = _claims(tmp_path, _check(where={"colour": ["red"]}))
+    with pytest.raises(ClaimError, match=r"c0: t has no column\(s\) \['colour'\]"):
+        evaluate(claims, {"t": VICTIMS}, "embedded")
 
 
-def test_rounds_are_compared_by_name(tmp_path):
-    rounds = _cells({("censor", "gifd", "mse"): 0.05}).assign(round=0)
-    later = _cells({("censor", "gifd", "mse"): 0.10}).assign(round=9)
-    frame = pd.concat([rounds, later])
+def test_rounds_are_paired_victim_by_victim(tmp_path):
+    early = _victims({("censor", "gifd", "mse"): _around(0.05, spread=0.004)}, round=0)
+    later = _victims({("censor", "gifd", "mse"): _around(0.10, spread=0.004)}, round=9)
+    frame = pd.concat([early, later], ignore_index=True)
     check = _check(compare="round", left=9, right=0, relation="greater", metrics=["mse"])
     assert _verdicts(_claims(tmp_path, {**check, "over": ["dataset"]}), frame) == ["holds"]
-    # Two cells per compared value: the check must say which column tells them apart.
-    with pytest.raises(ClaimError, match="several cells per defense"):
-        evaluate(_claims(tmp_path, _check(over=["dataset"])), {"t": TABLE}, "embedded")
+
+
+def test_the_published_numbers_are_checked_on_their_cell_means(tmp_path):
+    """The paper gives cell means only: its verdict compares them as they are."""
+    claims = _claims(tmp_path, _check(), _check(relation="greater"))
+    table = evaluate(claims, {"t": VICTIMS}, "embedded", published={"t": TABLE})
+    assert list(table["paper_verdict"]) == ["holds", "fails"]
 
 
 @pytest.mark.parametrize(
@@ -282,7 +376,7 @@ def test_the_projects_claims_load_and_name_known_runs():
 def test_the_stage_writes_csv_and_markdown(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    TABLE.to_csv(results / "t_cells.csv", index=False)
+    VICTIMS.to_csv(results / "t_victims.csv", index=False)
     claims = tmp_path / "claims.yaml"
     claims.write_text(
         yaml.safe_dump(
@@ -307,7 +401,7 @@ def test_the_stage_writes_csv_and_markdown(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True)
     table = pd.read_csv(results / "claims.csv")
     assert list(table["verdict"]) == ["holds", "not evaluated"]
-    assert "u_cells.csv does not exist: build it first (snakemake" in table.loc[1, "reason"]
+    assert "u_victims.csv does not exist: build it first (snakemake" in table.loc[1, "reason"]
     assert "## `a`: holds" in (results / "claims.md").read_text()
 
 

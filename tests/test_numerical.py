@@ -42,7 +42,8 @@ def test_diverged_training_fails_its_run_and_every_result_downstream(tmp_path, m
 def test_a_nan_in_the_shared_update_fails_the_attack(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(tmp_path))
     s = Stages(tmp_path)
-    for step in (s.prepare, s.partition_data, s.train, s.select_victim, s.capture_update):
+    steps = (s.prepare, s.partition_data, s.floor_image, s.train, s.select_victim)
+    for step in (*steps, s.capture_update):
         assert step() == 0
     capture = load_tensors(s.capture)
     name = next(iter(capture["update"]["tensors"]))

@@ -5,12 +5,13 @@ a locked store, and a tracking failure is reported without failing the science j
 test_tracking.py.)"""
 
 import json
+import math
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from gradinv.io import read_json
+from gradinv.io import load_tensors, read_json
 from stages import Stages
 from test_workflow import run_target, workflow_copy
 
@@ -45,6 +46,7 @@ def test_a_tracking_failure_is_reported_and_the_job_still_succeeds(tmp_path, mon
     for step in (
         s.prepare,
         s.partition_data,
+        s.floor_image,
         s.train,
         s.select_victim,
         s.capture_update,
@@ -55,7 +57,15 @@ def test_a_tracking_failure_is_reported_and_the_job_still_succeeds(tmp_path, mon
     blocker.write_text("a file where the store's folder should be")
     monkeypatch.setenv("GRADINV_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
     assert s.score() == 0  # the science job succeeds ...
-    assert read_json(s.metrics)["status"] == "ok"  # ... and its result is on disk
+    row = read_json(s.metrics)
+    assert row["status"] == "ok"  # ... and its result is on disk
+    # beside the attack's values, the floor's: the public split's mean image on the same victim
+    floor, victim = load_tensors(s.floor), load_tensors(s.victim)
+    public = json.loads(s.partition.read_text())["public"]
+    assert floor["public_images"] == len(public) > 0
+    mse = float(((floor["image"][None] - victim["images"]) ** 2).mean())
+    assert row["floor"]["mse"] == pytest.approx(mse, rel=1e-5)
+    assert row["floor"]["psnr"] == pytest.approx(-10 * math.log10(mse), rel=1e-4)
     assert "was not logged" in capsys.readouterr().err  # the failure is in the job's log
     lines = (tmp_path / "results/logs/tracking-failures.log").read_text().splitlines()
     assert [json.loads(line)["job"] for line in lines] == ["attack/patches/cnn3/none/ig/0/1/0"]

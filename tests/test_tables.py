@@ -744,3 +744,36 @@ def test_a_swept_table_draws_a_line_per_family_of_the_swept_setting(tmp_path, mo
         ("Patches / IG / fallback=never-raw", (1.0, 5.0), (15.0, 12.0)),
     }
     assert _sweep("trials", {d: defenses[d] for d in ("a1", "a5")}, [0]).series is None
+
+
+def test_each_victim_keeps_its_floor_and_each_undefended_attack_says_if_it_beats_it(tmp_path):
+    """The floor (the public split's mean image) is scored against every victim: the victims
+    file keeps both values side by side, and the Markdown says, per undefended attack and
+    metric, whether the attack beats it on the median victim."""
+    floor = {"mse": 0.05, "psnr": 13.0, "ssim": 0.1}
+    records = [
+        *(run("none", "ig", v, psnr=20.0 + v, floor=floor) for v in range(3)),  # beats it
+        *(run("none", "gi", v, psnr=12.0 - v, floor=floor) for v in range(3)),  # does not
+        *(run("noise", "ig", v, psnr=11.0, floor=floor) for v in range(3)),
+    ]
+    out = render_table(
+        "t",
+        write(tmp_path, records),
+        tmp_path / "out",
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=None,
+    )
+    victims = pd.read_csv(out["victims"])
+    assert len(victims) == 9 and (victims["floor_psnr"] == 13.0).all()
+    ig = victims[(victims["defense"] == "none") & (victims["attack"] == "ig")]
+    assert list(ig["psnr"]) == [20.0, 21.0, 22.0] and (ig["floor_mse"] == 0.05).all()
+    md = Path(out["markdown"]).read_text()
+    section = md.split("## Does each attack work without a defense?")[1].split("\n## ")[0]
+    assert "| patches | resnet18 | 0 | IG | PSNR | +8.000 (3) | yes |" in section
+    assert "| patches | resnet18 | 0 | GI | PSNR | -2.000 (3) | **no** |" in section
+    # MSE: lower is closer, so the gain is the floor's MSE minus the attack's (0.05 - 0.02)
+    assert "| patches | resnet18 | 0 | IG | MSE | +0.0300 (3) | yes |" in section

@@ -97,6 +97,12 @@ def _cmd_train_generator(a: argparse.Namespace) -> None:
     train(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), Path(a.out))
 
 
+def _cmd_floor(a: argparse.Namespace) -> None:
+    from gradinv.stages.floor import run
+
+    run(_settings(a.settings), Path(a.prepared_dir), Path(a.partition), Path(a.out))
+
+
 def _cmd_train_evalnet(a: argparse.Namespace) -> None:
     from gradinv.stages.evalnet import run
 
@@ -121,6 +127,7 @@ def _cmd_score(a: argparse.Namespace) -> None:
         model=a.model,
         round=a.round,
         victim=a.victim,
+        floor=Path(a.floor),
     )
 
 
@@ -278,6 +285,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--partition", required=True, help="holds the public split")
     sp.add_argument("--out", required=True)
 
+    sp = verb("floor", _cmd_floor, "the public split's mean image every attack is compared with")
+    sp.add_argument("--prepared-dir", required=True)
+    sp.add_argument("--partition", required=True, help="holds the public split")
+    sp.add_argument("--out", required=True)
+
     sp = verb(
         "train-evalnet",
         _cmd_train_evalnet,
@@ -298,6 +310,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--round", type=int, required=True)
     sp.add_argument("--victim", type=int, required=True)
     sp.add_argument("--capture", required=True, help="the capture (client-side diagnostics)")
+    sp.add_argument("--floor", required=True, help="the floor image (gradinv floor)")
 
     def table_inputs(sp: argparse.ArgumentParser) -> None:
         """The per-victim files a table's report reads, and where it writes."""

@@ -164,6 +164,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "partition": config["partition"],
             }
         )
+    if stage == "floor":
+        return _dump({**common, "dataset": w["dataset"], "partition": config["partition"]})
     if stage == "evalnet":
         return _dump(
             {

@@ -133,7 +133,8 @@ def paired_victims(left: Sequence[float], right: Sequence[float], *key: object) 
     estimate = float(d.mean())
     if sign_flip_pvalue(d, estimate, seed) <= alpha:  # cannot happen: the mean is never rejected
         return Interval(estimate, estimate, estimate, n, method)
-    spread = float(np.ptp(d)) or abs(estimate) or 1.0
+    # the first step out: the differences' range, never below what float64 can resolve
+    spread = max(float(np.ptp(d)), 1e-9 * max(1.0, abs(estimate)))
     bounds = []
     for direction in (-1.0, 1.0):
         inner, outer = estimate, estimate + direction * spread

@@ -71,8 +71,11 @@ def claim_tables(config: dict[str, Any]) -> list[str]:
 
 
 def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
-    """The result files the claims in ``claims_file`` read, of the tables this config builds."""
-    from gradinv.claims import load_claims, result_file
+    """The result files the claims in ``claims_file`` read, of the tables this config builds,
+    and every attack table's per-victim values, where the floor checks find each undefended
+    attack (:mod:`gradinv.claims.paired`)."""
+    from gradinv.claims import UTILITY, load_claims, result_file
 
-    tables = {c.check.table for c in load_claims(claims_file)}
-    return sorted(str(result_file(t)) for t in tables & set(claim_tables(config)))
+    tables = {c.check.table for c in load_claims(claims_file)} & set(claim_tables(config))
+    tables |= {t for t in claim_tables(config) if t != UTILITY}
+    return sorted(str(result_file(t)) for t in tables)

@@ -26,6 +26,7 @@ rule score:
         reconstruction=f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
         victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
         capture=lambda w: capture_file(config, w),
+        floor="data/floor/{dataset}.pt",
         assets=lambda w: metric_assets(config, w.dataset),  # noise_ratio's network
     output:
         f"results/metrics/{RUN}/{{attack}}/victim{{victim}}.json",
@@ -40,6 +41,7 @@ rule score:
         f"results/benchmarks/score/{RUN}/{{attack}}/victim{{victim}}.tsv"
     shell:
         "gradinv score --settings {params.settings:q} --reconstruction {input.reconstruction} "
-        "--victim-file {input.victim} --capture {input.capture} --out {output} "
+        "--victim-file {input.victim} --capture {input.capture} --floor {input.floor} "
+        "--out {output} "
         "--model {wildcards.model} "
         "--round {wildcards.round} --victim {wildcards.victim} > {log} 2>&1"

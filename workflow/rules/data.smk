@@ -30,6 +30,25 @@ rule partition_data:
         "--prepared-dir data/prepared --out {output} > {log} 2>&1"
 
 
+rule floor:
+    # The floor: the public split's mean image, scored against every victim beside the attack
+    # (an attack that does not beat it on the undefended victims decides no defense claim).
+    input:
+        data="data/prepared/{dataset}.pt",
+        partition="data/partitions/{dataset}.json",
+    output:
+        "data/floor/{dataset}.pt",
+    params:
+        settings=lambda w: job_settings(config, "floor", **w),
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/floor/{dataset}.log",
+    shell:
+        "gradinv floor --settings {params.settings:q} --prepared-dir data/prepared "
+        "--partition {input.partition} --out {output} > {log} 2>&1"
+
+
 rule select_victim:
     input:
         "data/prepared/{dataset}.pt",

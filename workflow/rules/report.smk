@@ -11,6 +11,7 @@ rule report:
         markdown="results/{table}.md",
         vs_paper="results/{table}_vs_paper.csv",
         cells="results/{table}_cells.csv",
+        victims_values="results/{table}_victims.csv",  # the claims pair these
         figure="results/figures/{table}.png",
         grid="results/figures/{table}_grid.png",
     params:

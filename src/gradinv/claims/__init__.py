@@ -1,12 +1,12 @@
 """The papers' qualitative claims, checked against our result files.
 
 ``workflow/claims.yaml`` lists each claim with its source (paper, section) and a check: a
-relation between two values of one column of a result, in every group of cells. For example
+relation between two values of one column of a result, in every group of it. For example
 "CENSOR gives lower SSIM than no defense for every attack and dataset" compares the ``defense``
-column's ``censor`` and ``none`` cells of Table I's SSIM, grouped by dataset and attack::
+column's ``censor`` and ``none`` values of Table I's SSIM, grouped by dataset and attack::
 
     check:
-      table: table1          # results/table1_cells.csv (or "utility": results/utility.csv)
+      table: table1          # results/table1_victims.csv (or "utility": results/utility.csv)
       metrics: [ssim]
       compare: defense       # the column whose two values are compared ...
       left: censor
@@ -21,31 +21,36 @@ lower SSIM is). What must hold across groups is ``expect``: ``all`` (the default
 (``0.8``: "in almost all cases"), or ``only_where`` (the relation holds in the groups matching
 it and in no other: "Soteria beats CENSOR only against IG and GI").
 
-Where the table has published numbers (``workflow/reference/``), the same check also runs on
-them: ``paper_verdict`` says whether the paper's own table bears the claim out as encoded, which
-tests the encoding (a claim the paper's numbers do not support is worded or checked wrongly).
+On this run a claim is decided by **paired comparisons** (:mod:`gradinv.claims.paired`): in
+each group the two sides are paired on the same victims (or, for accuracy, the same training
+seeds), the mean difference comes with its 95% interval (:mod:`gradinv.stats`), and the group
+**holds**, **fails** or is **inconclusive** by where the interval lies; it is **undecidable**
+when the attack does not beat the floor (the public split's mean image) without a defense. The
+claim combines its decidable groups as ``expect`` says, and is **not evaluated** when its table
+is not built, its file is missing, or no group has both sides.
 
-A verdict is ``holds``, ``fails`` or ``not evaluated``, always with the numbers behind it and
-the scale of the run: a claim that fails on the scaled-down run is a finding about that run,
-reported as such. A group without both values (a cell with no runs) is never read as agreeing:
-the verdict is ``holds`` or ``fails`` only when it would be the same whichever way those groups
-went, and ``not evaluated`` otherwise, as it is when the table is not built, its result file is
-missing, or no group has both values. A metric that has no value in any cell of the selection
-(LPIPS without its pretrained weights) is left out of the check, and the note says so.
+Where the table has published numbers (``workflow/reference/``), the same relation also runs on
+their cell means (all a published table gives; ``paper_verdict``), which tests the encoding: a
+claim the paper's numbers do not support is worded or checked wrongly. A metric that has no
+value anywhere (LPIPS without its pretrained weights) is left out of the check, and the note
+says so.
 """
 
+from gradinv.claims.paired import GROUP_VERDICTS, evaluate_paired
 from gradinv.claims.report import markdown
 from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError, load_claims, result_file
 from gradinv.claims.verdicts import COLUMNS, VERDICTS, evaluate, reference_cells
 
 __all__ = [
     "COLUMNS",
+    "GROUP_VERDICTS",
     "UTILITY",
     "VERDICTS",
     "Check",
     "Claim",
     "ClaimError",
     "evaluate",
+    "evaluate_paired",
     "load_claims",
     "markdown",
     "reference_cells",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gradinv.claims.paired import EXACT_PSNR
 from gradinv.claims.verdicts import VERDICTS
+from gradinv.stats import EXACT_MAX, RESAMPLES
 
 
 def markdown(table: pd.DataFrame, scale: str) -> str:
@@ -22,20 +24,36 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
             else ""
         ),
         "",
-        ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f" of {len(table)} claims.",
+        "**" + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f"** of {len(table)} "
+        "claims.",
         "",
-        "`groups`: in how many of the compared groups (dataset, attack, metric, ...) the "
-        "relation held, of those with both values (a group without them never counts for a "
-        "claim); `on the paper's numbers`: the same check on the published table, where there "
-        "is one (it tests how the claim is encoded).",
+        "How a verdict is reached. In each group of the check (dataset, attack, metric, ...) the "
+        "two sides are paired on the same victims (a defense against another on the same "
+        "images, two attacks, two rounds) or, for accuracy, on the same training seeds, and the "
+        "mean paired difference comes with its 95% interval: over victims the exact sign-flip "
+        "(permutation) interval, which needs 6 victims before it can exclude anything (all sign "
+        f"patterns up to {EXACT_MAX} victims, {RESAMPLES:,} seeded random ones beyond); over "
+        "seeds the paired t-interval. A group **holds** when its interval lies on the claimed "
+        "side (beyond the claim's tolerance), **fails** when it lies on the other side, and is "
+        "**inconclusive** otherwise; it is **undecidable** when the attack does not beat the "
+        "floor without a defense (the public split's mean image, on the median undefended "
+        "victim): that attack recovered nothing a defense could lower. The claim combines its "
+        "decidable groups: `all` holds if every group holds and fails if any fails; a fraction "
+        "f holds if ⌈f·k⌉ of the k groups hold and fails once that is out of reach; "
+        "`only_where` holds if the named groups hold and the others fail. An exact "
+        f"reconstruction's PSNR (+∞) is paired as {EXACT_PSNR:g} dB. `on the paper's numbers`: "
+        "the same relation on the published cell means, where there is a published table (it "
+        "tests how the claim is encoded).",
         "",
-        "| claim | paper | source | verdict | groups | on the paper's numbers |",
+        "| claim | paper | source | verdict | groups: holds / fails / inconclusive / "
+        "undecidable | on the paper's numbers |",
         "|---|---|---|---|---|---|",
     ]
     for r in table.itertuples(index=False):
-        groups = f"{r.satisfied}/{r.evaluated}" if r.evaluated else "-"
-        if r.evaluated and r.groups > r.evaluated:
-            groups += f" ({r.groups - r.evaluated} without values)"
+        groups = (
+            f"{r.holds_groups} / {r.fails_groups} / {r.inconclusive_groups} / "
+            f"{r.undecidable_groups}"
+        )
         lines.append(
             f"| `{r.id}` | {r.paper} | {r.source} | **{r.verdict}** | {groups} | "
             f"{r.paper_verdict or '-'} |"

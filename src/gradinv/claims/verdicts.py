@@ -1,7 +1,9 @@
-"""A claim's verdict on a result table: holds, fails or not evaluated, with the numbers.
+"""A claim's verdicts: on this run, paired comparisons with intervals (:mod:`gradinv.claims.
+paired`); on the paper's published numbers, a comparison of its cell means (all a published
+table gives), which checks how the claim is encoded.
 
-The rules (groups without both values, metrics never computed, ``expect`` and ``only_where``)
-are described in ``gradinv.claims``.
+The rules of the published check (groups without both values, metrics never computed,
+``expect`` and ``only_where``) are described in ``gradinv.claims``.
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ from typing import Any
 
 import pandas as pd
 
+from gradinv.claims.paired import GROUP_VERDICTS, evaluate_paired
 from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
 from gradinv.tables.aggregate import METRICS
 
-VERDICTS = ("holds", "fails", "not evaluated")
+VERDICTS = ("holds", "fails", "inconclusive", "undecidable", "not evaluated")
 COLUMNS = (
     "id",
     "paper",
     "source",
     "claim",
     "verdict",
-    "satisfied",
-    "evaluated",
-    "groups",
+    *(f"{v}_groups" for v in GROUP_VERDICTS),
     "evidence",
     "reason",
     "table",
@@ -39,11 +40,15 @@ def evaluate(
     scale: str,
     published: Mapping[str, pd.DataFrame] | None = None,
     missing: Mapping[str, str] | None = None,
+    undefended: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One line per claim; ``results`` maps a check's table to its frame (absent: not built by
-    this configuration); ``scale`` is the run's (embedded or paper), recorded on every line;
-    ``published`` maps a table to the paper's numbers in the same layout (``reference_cells``);
-    ``missing`` maps a table this configuration builds but whose file is absent to the reason."""
+    """One line per claim. ``results`` maps a check's table to its per-victim values
+    (``<table>_victims.csv``; the utility table: its runs), absent when this configuration does
+    not build it; ``scale`` is the run's (embedded or paper), recorded on every line;
+    ``published`` maps a table to the paper's numbers in the layout of ``<table>_cells.csv``
+    (``reference_cells``); ``missing`` maps a table this configuration builds but whose file is
+    absent to the reason; ``undefended``: every table's per-victim values, where the floor checks
+    find the undefended attacks."""
     rows = []
     for claim in claims:
         frame = results.get(claim.check.table)
@@ -53,7 +58,7 @@ def evaluate(
             reason = f"{claim.check.table} is not built by this configuration"
             row = _row(claim, "not evaluated", reason=reason)
         else:
-            row = _evaluate(claim, frame)
+            row = _row(claim, **evaluate_paired(claim, frame, undefended))
         paper = (published or {}).get(claim.check.table)
         if paper is not None:
             row["paper_verdict"] = _evaluate(claim, paper)["verdict"]
@@ -85,9 +90,7 @@ def _row(claim: Claim, verdict: str, **fields: Any) -> dict[str, Any]:
         "source": claim.source,
         "claim": claim.claim,
         "verdict": verdict,
-        "satisfied": fields.get("satisfied", 0),
-        "evaluated": fields.get("evaluated", 0),
-        "groups": fields.get("groups", 0),
+        **{f"{v}_groups": fields.get(f"{v}_groups", 0) for v in GROUP_VERDICTS},
         "evidence": fields.get("evidence", ""),
         "reason": fields.get("reason", ""),
         "table": claim.check.table,

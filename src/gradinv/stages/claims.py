@@ -7,7 +7,14 @@ from typing import Any
 
 import pandas as pd
 
-from gradinv.claims import evaluate, load_claims, markdown, reference_cells, result_file
+from gradinv.claims import (
+    UTILITY,
+    evaluate,
+    load_claims,
+    markdown,
+    reference_cells,
+    result_file,
+)
 from gradinv.io import atomic_path
 from gradinv.stages.common import project_path
 from gradinv.tables.render import write_csv
@@ -29,7 +36,14 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
         table: reference_cells(pd.read_csv(project_path(csv)), settings["labels"])
         for table, csv in settings.get("references", {}).items()
     }
-    table = evaluate(claims, results, settings["scale"], published, missing)
+    # every table's victims: where the floor checks find each undefended attack
+    victims = [
+        pd.read_csv(path)
+        for t in settings["tables"]
+        if t != UTILITY and (path := result_file(t, results_dir)).exists()
+    ]
+    undefended = pd.concat(victims, ignore_index=True) if victims else None
+    table = evaluate(claims, results, settings["scale"], published, missing, undefended)
     write_csv(table, out_dir / "claims.csv")
     with atomic_path(out_dir / "claims.md") as tmp:
         tmp.write_text(markdown(table, settings["scale"]), encoding="utf-8")

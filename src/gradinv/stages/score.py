@@ -1,7 +1,9 @@
 """Stage: score one reconstruction against the victim's private batch; log the attack run.
 
 This is the only stage that reads the private batch, and only to measure. It writes one flat
-metrics file (the table's sole input) and mirrors the attack run to MLflow for browsing.
+metrics file (the table's sole input) and mirrors the attack run to MLflow for browsing. Beside
+the attack's values it scores the floor (:mod:`gradinv.stages.floor`, the public split's mean
+image) against the same originals, under ``floor``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ def run(
     model: str,
     round: int,
     victim: int,
+    floor: Path | None = None,
 ) -> None:
+    """``floor``: the public split's mean image (:mod:`gradinv.stages.floor`), scored against
+    the same originals with the same metrics (``row["floor"]``); None leaves it out."""
     setup(settings)
     rec = load_tensors(reconstruction)
     secret = load_tensors(victim_path)
@@ -90,6 +95,19 @@ def run(
         )
     for name in names:
         row[name] = scores.get(name)
+    # The floor: what an image knowing nothing of the victim scores on the same originals
+    # (label accuracy, match and the like say nothing of it)
+    if floor is not None and len(originals):
+        uninformed = load_tensors(floor)["image"].expand_as(originals).contiguous()
+        floor_scores = score(
+            uninformed,
+            originals,
+            metrics=[n for n in names if n != "label_accuracy"],
+            settings=metric_settings,
+            mean=secret["mean"],
+            std=secret["std"],
+        )
+        row["floor"] = {n: floor_scores.get(n) for n in names if n != "label_accuracy"}
     if row.get("noise_ratio") is not None:  # which evaluation network measured it
         row["evaluation_network_weights"] = weights_digest(
             project_path(metric_settings.evaluation_network)

@@ -59,6 +59,11 @@ def unavailable_column(metric: str) -> str:
     return f"{metric}_unavailable"
 
 
+def floor_column(metric: str) -> str:
+    """The column of the floor's value of ``metric`` on the same victim (NaN: not scored)."""
+    return f"floor_{metric}"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -101,7 +106,8 @@ def collect(
     is what keeps re-rendered tables byte-identical. Each row keeps its ``source`` path so an odd
     number can be traced to its file. For each metric ``m`` a boolean ``m_unavailable`` column
     says whether the file held ``null`` (the metric could not be computed) as opposed to a number,
-    possibly NaN/inf in a failed run.
+    possibly NaN/inf in a failed run. ``floor_<m>`` is the floor's value of ``m`` on the same
+    victim (:func:`floor_column`; NaN in a file scored without one).
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -118,10 +124,13 @@ def collect(
             )
         seen[job] = path
         row = dict(record)
+        floor = record.get("floor") or {}  # the floor's values (gradinv.stages.floor)
         for metric in metrics:
             value = record[metric]
             row[unavailable_column(metric)] = value is None
             row[metric] = math.nan if value is None else float(value)
+            below = floor.get(metric)
+            row[floor_column(metric)] = math.nan if not _is_number(below) else float(below)
         row["source"] = str(path)
         records.append(row)
     df = pd.DataFrame.from_records(records)

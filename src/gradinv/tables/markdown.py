@@ -90,6 +90,39 @@ def _inside_count(comparison: pd.DataFrame) -> str:
     return f" (the paper's value inside our interval: {inside} of {len(known)} cells with one)"
 
 
+def _floor_section(floor: pd.DataFrame | None) -> list[str]:
+    """Whether each attack, undefended, beats the floor on the median victim (the claims over an
+    attack that does not are undecidable at this scale)."""
+    lines = ["## Does each attack work without a defense?", ""]
+    if floor is None or floor.empty:
+        return [
+            *lines,
+            "This table has no undefended row (or its metrics have no floor): the claims over "
+            "it look the undefended attack up in the tables that have one.",
+            "",
+        ]
+    lines += [
+        "Each undefended attack against the *floor*, the public split's mean image scored "
+        "against the same victims: the median over victims of the attack's gain (how much "
+        "closer its reconstruction is than the floor; positive: the attack does better). An "
+        "attack that does not beat the floor on the median victim recovered nothing a defense "
+        "could take away, so **the claims over it are undecidable at this scale**.",
+        "",
+        "| dataset | model | round | attack | metric | median gain over the floor (n) | "
+        "beats the floor |",
+        "|---|---|---|---|---|---:|---|",
+    ]
+    for r in floor.to_dict("records"):
+        spec = metric_spec(r["metric"])
+        gain = "—" if r["n"] == 0 else f"{r['median_gain']:+.{spec.decimals}f} ({r['n']})"
+        answer = {True: "yes", False: "**no**", None: "no victim scored"}[r["beats_floor"]]
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {r['round']} | {_esc(r['attack_label'])} | "
+            f"{spec.label} | {gain} | {answer} |"
+        )
+    return [*lines, ""]
+
+
 def _warnings(long: pd.DataFrame) -> list[str]:
     """Loud notes for metrics that are unavailable in some or all cells."""
     out = []
@@ -143,6 +176,7 @@ def render_markdown(
     vs_paper_name: str,
     figure_name: str,
     no_reference: str = "",
+    floor: pd.DataFrame | None = None,
 ) -> str:
     """The full Markdown text of a table (see the module docstring for what it must say)."""
     lines = [
@@ -176,6 +210,7 @@ def render_markdown(
     lines += _warnings(long)
     lines += _training_note(long)
     lines += _cell_tables(long, rows)
+    lines += _floor_section(floor)
     lines += ["## Comparison with the paper", ""]
     if reference_name is None:
         lines.append(

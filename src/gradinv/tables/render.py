@@ -21,7 +21,14 @@ from gradinv.io import atomic_path
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
 from gradinv.tables.figures import figure_caption, sweep_figure, table_figure, tradeoff_figure
-from gradinv.tables.files import DEFAULT_METRICS, JOB_KEYS, collect, unavailable_column
+from gradinv.tables.files import (
+    DEFAULT_METRICS,
+    JOB_KEYS,
+    collect,
+    floor_column,
+    unavailable_column,
+)
+from gradinv.tables.floor import undefended_checks
 from gradinv.tables.markdown import render_markdown
 
 FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
@@ -107,6 +114,18 @@ def _with_shared_attacks(
         return df
     df = pd.concat([df, *copies], ignore_index=True)
     return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)
+
+
+VICTIM_COLUMNS = (*JOB_KEYS, "attack_label", "status")
+
+
+def victim_values(df: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """One line per victim's run of the table (a shared run under each name that shows it):
+    its job keys, status, and each image metric beside the floor's value on the same victim
+    (``floor_<m>``). What the claims pair victim by victim (:mod:`gradinv.claims`)."""
+    scored = [m for m in metrics if floor_column(m) in df.columns]
+    columns = [*VICTIM_COLUMNS, *(c for m in scored for c in (m, floor_column(m)))]
+    return df.reindex(columns=columns).reset_index(drop=True)
 
 
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
@@ -196,11 +215,17 @@ def render_table(
         "markdown": out_dir / f"{name}.md",
         "vs_paper": out_dir / f"{name}_vs_paper.csv",
         "cells": out_dir / f"{name}_cells.csv",
+        "victims": out_dir / f"{name}_victims.csv",
         "figure": out_dir / "figures" / f"{name}.png",
     }
+    in_table = (
+        df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
+    )
+    victims = victim_values(df[in_table], metrics)
     write_csv(widen(long, rows), paths["csv"])
     write_csv(comparison, paths["vs_paper"])
     write_csv(long, paths["cells"])
+    write_csv(victims, paths["victims"])
     scale = "embedded" if scaled_down else ", ".join(sorted(scales)) or "not recorded"
     caption = figure_caption(title or name, scale, paths["markdown"].name)
     if tradeoff is not None:
@@ -225,9 +250,6 @@ def render_table(
             caption=caption,
             series=sweep.series,
         )
-    in_table = (
-        df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
-    )
     failed_runs = df[in_table & (df["status"] == "failed")]
     left_out = int((~in_table).sum())
     full_setting = {**setting, **_provenance(df[in_table])}
@@ -248,6 +270,7 @@ def render_table(
         csv_name=paths["csv"].name,
         vs_paper_name=paths["vs_paper"].name,
         figure_name=f"figures/{paths['figure'].name}",
+        floor=undefended_checks(victims, list(metrics)),
     )
     with atomic_path(paths["markdown"]) as tmp:
         tmp.write_text(text, encoding="utf-8")  # arrows and ±: never the locale's encoding

@@ -1,0 +1,335 @@
+"""A claim's verdict on this run: paired comparisons on the same victims (or seeds), with intervals.
+
+For each group of the check (``over``: dataset, attack, metric, ...), the two sides of the
+comparison (two defenses, two attacks, two rounds) are paired on the same victim, and the mean
+of the paired differences left − right comes with its 95% interval
+(:func:`gradinv.stats.paired_victims`: the exact sign-flip interval; over training seeds,
+:func:`gradinv.stats.paired_seeds`). The group's verdict reads the interval against the claimed
+side (:func:`gradinv.stats.verdict`): **holds** when it lies on the claimed side, **fails** when
+it lies on the other, **inconclusive** otherwise. ``better`` takes the side from the metric's
+arrow. ``others`` compares against every other value, each its own comparison; the group holds
+only if every one holds, fails if any fails.
+
+**Undecidable at this scale.** A group over an attack that does not beat the floor (the public
+split's mean image, :mod:`gradinv.tables.floor`) on the median undefended victim is
+*undecidable*: that attack recovered nothing a defense could take away. The undefended run is
+looked up with the same dataset, model, attack, round and batch size, in this table or any
+other (a round without one falls back to the earliest round with one, and the note says so).
+
+**How the groups combine** into the claim's verdict, over the decidable groups (a claim with
+none is undecidable):
+
+- ``expect: all`` (the default): holds if every group holds, fails if any fails, else
+  inconclusive;
+- ``expect: f``: holds if at least ⌈f·k⌉ of the k groups hold, fails if so many fail that ⌈f·k⌉
+  can no longer hold, else inconclusive;
+- ``only_where``: holds if the relation holds in every named group and fails in every other,
+  fails if it fails in a named group or holds in another, else inconclusive.
+
+A group without both values is not a group of the comparison (it is counted in the note); a
+claim with none is *not evaluated*, as is one on a table this run did not build.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
+from gradinv.stats import Interval, paired_seeds, paired_victims, verdict
+from gradinv.tables.aggregate import METRICS
+from gradinv.tables.files import JOB_KEYS
+from gradinv.tables.floor import FLOORED, UNDEFENDED, floor_check
+
+GROUP_VERDICTS = ("holds", "fails", "inconclusive", "undecidable")
+# An exact reconstruction's PSNR (+inf: MSE 0) is paired as this many dB, above any finite PSNR
+# float32 images give (an error of one part in 2^24 is about 144 dB).
+EXACT_PSNR = 200.0
+FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
+
+
+def evaluate_paired(
+    claim: Claim, frame: pd.DataFrame, undefended: pd.DataFrame | None = None
+) -> dict[str, Any]:
+    """The claim's verdict, its groups' counts and the evidence, on one result frame: a table's
+    per-victim values (``<table>_victims.csv``) or the utility runs (one line per defense and
+    seed). ``undefended``: every table's per-victim values, where the floor checks look."""
+    check = claim.check
+    tidy, pair_on = _tidy(check, frame)
+    keys = {check.compare, *check.over, *check.where, *check.only_where}
+    absent = [c for c in sorted(keys) if c not in tidy.columns]
+    if absent:
+        raise ClaimError(f"{claim.id}: {check.table} has no column(s) {absent}.")
+    tidy = _as_text(tidy, keys)
+    for column, values in check.where.items():
+        tidy = tidy[tidy[column].isin([_key(v) for v in values])]
+    notes: list[str] = []
+    tidy, dropped = _without_metrics_never_computed(check, tidy)
+    notes += dropped
+    if tidy.empty:
+        return _result(
+            "not evaluated", [*notes, "no value matches the check's metrics and 'where'"]
+        )
+    over = [*check.over, *(["metric"] if tidy["metric"].nunique() > 1 else [])]
+    groups = list(tidy.groupby(over, sort=False, dropna=False)) if over else [((), tidy)]
+    outcomes = []  # (group key, verdict or None, text)
+    for key, group in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        group_key = dict(zip(over, key, strict=True))
+        outcomes.append(
+            (group_key, *_group(claim, group_key, group, pair_on, undefended, check.table))
+        )
+    evaluated = [o for o in outcomes if o[1] is not None]
+    counts = {v: sum(1 for _, g, _ in evaluated if g == v) for v in GROUP_VERDICTS}
+    evidence = "; ".join(text for _, _, text in outcomes)
+    skipped = len(outcomes) - len(evaluated)
+    if skipped:
+        notes.append(f"{skipped} of {len(outcomes)} group(s) without both values")
+    if not evaluated:
+        return _result("not evaluated", [*notes, "no group has both values"], counts, evidence)
+    decidable = [(g, v) for g, v, _ in evaluated if v != "undecidable"]
+    if not decidable:
+        notes.append(
+            "every group's attack fails to beat the floor without a defense: nothing a defense "
+            "could lower"
+        )
+        return _result("undecidable", notes, counts, evidence)
+    if counts["undecidable"]:
+        notes.append(
+            f"{counts['undecidable']} group(s) undecidable (the attack does not beat the floor "
+            "without a defense), left out"
+        )
+    return _result(_combine(check, decidable), notes, counts, evidence)
+
+
+def _combine(check: Check, groups: list[tuple[dict[str, Any], str]]) -> str:
+    """The claim's verdict from its decidable groups' (module docstring)."""
+    verdicts = [v for _, v in groups]
+    if check.only_where:
+        named = [v for g, v in groups if _matches(g, check.only_where)]
+        other = [v for g, v in groups if not _matches(g, check.only_where)]
+        if "fails" in named or "holds" in other:
+            return "fails"
+        return (
+            "holds"
+            if all(v == "holds" for v in named) and all(v == "fails" for v in other)
+            else "inconclusive"
+        )
+    fraction = 1.0 if check.expect == "all" else float(check.expect)
+    need = math.ceil(fraction * len(verdicts) - 1e-9)
+    holds, fails = verdicts.count("holds"), verdicts.count("fails")
+    if holds >= need:
+        return "holds"
+    if fails > len(verdicts) - need:
+        return "fails"
+    return "inconclusive"
+
+
+def _group(
+    claim: Claim,
+    key: Mapping[str, Any],
+    group: pd.DataFrame,
+    pair_on: list[str],
+    undefended: pd.DataFrame | None,
+    table: str,
+) -> tuple[str | None, str]:
+    """One group's verdict (None: the two sides share no victim or seed) and its evidence."""
+    check, name = claim.check, _group_name(key)
+    metric = str(group["metric"].iloc[0])
+    sides = {str(k): g for k, g in group.groupby(check.compare, sort=False)}
+    rights = [r for r in sides if r != check.left] if check.right == "others" else [check.right]
+    left = sides.get(check.left)
+    missing = [n for n in [check.left, *rights] if n not in sides]
+    if left is None or missing or not rights:
+        return None, f"{name}: no values for {', '.join(missing or [check.right])}"
+    relation = _relation(check.relation, metric)
+    floor_note = _floor(check, key, group, metric, undefended, table, [check.left, *rights])
+    if floor_note is not None:
+        return "undecidable", f"{name}: undecidable ({floor_note})"
+    results, texts = [], []
+    for right in rights:
+        pairs = _pairs(left, sides[right], pair_on)
+        if pairs.empty:
+            return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}"
+        interval = _interval(claim, name, right, pairs, table)
+        results.append(verdict(interval, relation, check.tolerance))
+        texts.append(f"{check.left} − {right} {_describe(interval)}")
+    group_verdict = (
+        "fails" if "fails" in results else "holds" if set(results) == {"holds"} else "inconclusive"
+    )
+    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}"
+
+
+def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, table: str) -> Interval:
+    left, right_values = pairs["left"].to_numpy(float), pairs["right"].to_numpy(float)
+    if table == UTILITY:
+        return paired_seeds(left, right_values)
+    return paired_victims(left, right_values, claim.id, name, right)
+
+
+def _pairs(left: pd.DataFrame, right: pd.DataFrame, pair_on: list[str]) -> pd.DataFrame:
+    """The values of the two sides on the same victims (or seeds), the unusable ones dropped: a
+    failed run, a NaN. An exact reconstruction's PSNR counts as :data:`EXACT_PSNR`."""
+    columns = [c for c in pair_on if c in left.columns and c in right.columns]
+    merged = left[[*columns, "value"]].merge(
+        right[[*columns, "value"]], on=columns, suffixes=("_l", "_r")
+    )
+    merged = merged.rename(columns={"value_l": "left", "value_r": "right"})
+    for side in ("left", "right"):
+        merged[side] = merged[side].astype(float).replace(np.inf, EXACT_PSNR)
+    return merged[np.isfinite(merged["left"]) & np.isfinite(merged["right"])]
+
+
+def _floor(
+    check: Check,
+    key: Mapping[str, Any],
+    group: pd.DataFrame,
+    metric: str,
+    undefended: pd.DataFrame | None,
+    table: str,
+    sides: list[str],
+) -> str | None:
+    """Why the group is undecidable (an attack of it does not beat the floor without a
+    defense), or None."""
+    if table == UTILITY or metric not in FLOORED or undefended is None or undefended.empty:
+        return None
+    context = {c: _single(group, c) for c in FLOOR_KEYS if c != check.compare}
+    attacks = sides if check.compare == "attack" else [context.get("attack")]
+    rounds = sides if check.compare == "round" else [context.get("round")]
+    failing = []
+    for attack in attacks:
+        for rnd in rounds:
+            cells = _undefended(undefended, {**context, "attack": attack, "round": rnd})
+            if cells is None:
+                continue
+            result = floor_check(cells, metric)
+            if result.beats is False:
+                label = METRICS[metric].label
+                failing.append(
+                    f"undefended {attack} at round {rnd} does not beat the floor in {label} "
+                    f"(median gain {result.median_gain:+.3g}, {result.n} victims)"
+                )
+    return " | ".join(failing) or None
+
+
+def _undefended(victims: pd.DataFrame, context: Mapping[str, Any]) -> pd.DataFrame | None:
+    """The undefended victims of an attack cell: the same keys, else the earliest round."""
+    rows = victims[victims["defense"] == UNDEFENDED]
+    for column in ("dataset", "model", "attack", "batch_size"):
+        if context.get(column) is not None:
+            rows = rows[rows[column].astype(str) == str(context[column])]
+    if rows.empty:
+        return None
+    same = rows[rows["round"].astype(str) == str(context.get("round"))]
+    if not same.empty:
+        return same
+    earliest = rows["round"].astype(int).min()
+    return rows[rows["round"].astype(int) == earliest]
+
+
+def _relation(relation: str, metric: str) -> str:
+    if relation != "better":
+        return relation
+    return "greater" if METRICS[metric].arrow == "↑" else "less"
+
+
+def _tidy(check: Check, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The frame as one value per (keys..., metric) and the columns a pair shares: a victim (its
+    job keys but the compared one), or a seed for the utility runs."""
+    if check.table == UTILITY:
+        metrics = check.metrics or ("accuracy",)
+        missing = [m for m in metrics if m not in frame.columns]
+        if missing:
+            raise ClaimError(f"the utility runs have no column(s) {missing}.")
+        frame = frame if "seed" in frame.columns else frame.assign(seed=0)
+        ok = frame[frame.get("status", pd.Series("ok", index=frame.index)) == "ok"]
+        tidy = ok.melt(
+            id_vars=[c for c in ok.columns if c not in metrics],
+            value_vars=list(metrics),
+            var_name="metric",
+            value_name="value",
+        )
+        return tidy, ["seed"]
+    base = [c for c in (*JOB_KEYS, "status") if c in frame.columns]
+    ok = frame["status"] == "ok" if "status" in frame.columns else True
+    parts = [
+        frame[base].assign(metric=metric, value=frame[metric].where(ok))
+        for metric in check.metrics
+        if metric in frame.columns
+    ]
+    if not parts:
+        return frame[base].assign(metric=pd.Series(dtype=str), value=math.nan).iloc[0:0], []
+    tidy = pd.concat(parts, ignore_index=True)
+    pair_on = [c for c in JOB_KEYS if c != check.compare]
+    return tidy, pair_on
+
+
+def _without_metrics_never_computed(
+    check: Check, tidy: pd.DataFrame
+) -> tuple[pd.DataFrame, list[str]]:
+    """The values less the metrics this run could not compute anywhere (LPIPS without its
+    weights): the claim is checked on the others, and the note says so."""
+    notes = []
+    for metric in check.metrics:
+        values = tidy.loc[tidy["metric"] == metric, "value"]
+        if values.empty or values.isna().all():
+            notes.append(f"{metric} has no value in this run (unavailable or never computed)")
+            tidy = tidy[tidy["metric"] != metric]
+    return tidy, notes
+
+
+def _result(
+    verdict_: str,
+    notes: list[str],
+    counts: Mapping[str, int] | None = None,
+    evidence: str = "",
+) -> dict[str, Any]:
+    counts = dict(counts or {})
+    return {
+        "verdict": verdict_,
+        **{f"{v}_groups": counts.get(v, 0) for v in GROUP_VERDICTS},
+        "evidence": evidence,
+        "reason": "; ".join(notes),
+    }
+
+
+def _describe(interval: Interval) -> str:
+    def fmt(x: float) -> str:
+        return "∞" if x == math.inf else "−∞" if x == -math.inf else f"{x:.4g}".replace("-", "−")
+
+    unit = "victims" if interval.method.startswith("sign-flip") else "seeds"
+    bounds = f"[{fmt(interval.low)}, {fmt(interval.high)}]"
+    return f"{fmt(interval.estimate)} {bounds} (n {interval.n} {unit})"
+
+
+def _single(group: pd.DataFrame, column: str) -> Any:
+    if column not in group.columns:
+        return None
+    values = group[column].dropna().unique()
+    return values[0] if len(values) == 1 else None
+
+
+def _as_text(tidy: pd.DataFrame, columns: Any) -> pd.DataFrame:
+    out = tidy.copy()
+    for c in columns:
+        if c in out.columns:
+            out[c] = [_key(v) for v in out[c]]
+    return out
+
+
+def _key(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _group_name(key: Mapping[str, Any]) -> str:
+    return "/".join(str(v) for v in key.values()) or "all"
+
+
+def _matches(key: Mapping[str, Any], selection: Mapping[str, tuple[Any, ...]]) -> bool:
+    return all(key.get(column) in {_key(v) for v in vs} for column, vs in selection.items())
