@@ -101,12 +101,14 @@ def test_a_real_dry_run_is_read_into_rules_outputs_and_wildcards(utility_dry_run
     assert dag.root() is report and dag.targets() == ["results/utility.csv"]
     trains = [j for j in dag.jobs if j.rule == "train_utility"]
     study = config["utility"]
-    assert sorted(j.w["defense"] for j in trains) == sorted(study["defenses"])
+    runs = sorted((j.w["defense"], int(j.w["seed"])) for j in trains)
+    assert runs == sorted((d, s) for d in study["defenses"] for s in study["seeds"])
     for job in trains:
         assert job.w["model"] == study["model"] and job.w["dataset"] == study["dataset"]
+        run = f"{study['dataset']}/{study['model']}/{job.w['defense']}/seed{job.w['seed']}"
         assert job.output == (
-            f"results/utility/{study['dataset']}/{study['model']}/{job.w['defense']}/final.pt",
-            f"results/utility/{study['dataset']}/{study['model']}/{job.w['defense']}/summary.json",
+            f"results/utility/{run}/final.pt",
+            f"results/utility/{run}/summary.json",
         )
         assert job.benchmark.startswith("results/benchmarks/utility/")
         assert dag.producer[f"data/prepared/{study['dataset']}.pt"].jobid in dag.needs(

@@ -81,10 +81,10 @@ def test_tiny_end_to_end_run(tiny_run):
         ).fetchall()
     # Table I: 7 defenses x 1 victim x IG, GI and GIFD; the data-centric table adds Refiner and
     # DCS²+ (trained, and attacked by IG and Imprint) and Imprint against No Defense, and the
-    # utility runs of its three defenses; GIFD's DCGAN and the evaluation network, both trained
-    # on the public split
+    # utility runs of its three defenses at tiny.yaml's two seeds; GIFD's DCGAN and the
+    # evaluation network, both trained on the public split
     assert dict(runs) == {
-        "train": 7 + 2 + 3,
+        "train": 7 + 2 + 3 * 2,
         "attack": 21 + 2 * 2 + 1,
         "train_generator": 1,
         "train_evalnet": 1,
@@ -117,7 +117,7 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     assert table.loc["No Defense", "Imprint PSNR↓ mean"] > 60
     assert table["IG NoiseRatio↑ mean"].between(0, 1).all()
     assert table.loc["No Defense", "IG PMM↑ mean"] == 1.0
-    assert (table["IG PMM↑ n"] == 1).all() and table["IG Accuracy↑ mean"].between(0, 100).all()
+    assert (table["IG PMM↑ n"] == 2).all() and table["IG Accuracy↑ mean"].between(0, 100).all()
     from gradinv.io import load_tensors
 
     run = "results/{}/patches/cnn3/{}/r0_b1"
@@ -196,7 +196,7 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
     assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
     # the point at the base's value ran once, as the base, and is shown under its own name
-    assert (root / "results/utility/patches/cnn3/noise/summary.json").is_file()
+    assert (root / "results/utility/patches/cnn3/noise/seed0/summary.json").is_file()
     assert not list((root / "results").rglob("noise-std0.01"))
     assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
     assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}

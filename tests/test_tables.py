@@ -200,14 +200,14 @@ def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
     records = [run(d, a, v) for d in ("none", "noise") for a in ("ig", "gi") for v in range(2)]
     records[0] |= {"status": "failed", "failure": "non-finite attack loss"}
     why = "training failed: non-finite training loss at round 3"
-    training = {
+    training = {  # one value per seed that finished
         "pmm": {
-            ("patches", "resnet18", "none"): (1.0, ""),
-            ("patches", "resnet18", "noise"): (None, why),
+            ("patches", "resnet18", "none"): ([1.0, 1.0, 1.0], ""),
+            ("patches", "resnet18", "noise"): ([], why),
         },
         "accuracy": {
-            ("patches", "resnet18", "none"): (50.0, ""),
-            ("patches", "resnet18", "noise"): (None, why),
+            ("patches", "resnet18", "none"): ([48.0, 50.0, 52.0], ""),
+            ("patches", "resnet18", "noise"): ([], why),
         },
     }
     render_table(
@@ -225,13 +225,14 @@ def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
     )
     table = pd.read_csv(tmp_path / "t.csv").set_index("defense")
     assert table.loc["No Defense", "IG PMM↑ mean"] == 1.0  # its IG victim 0 failed: no matter
-    assert table.loc["No Defense", "GI Accuracy↑ mean"] == 50.0
-    assert table.loc["No Defense", "IG PMM↑ n"] == 1 and pd.isna(
-        table.loc["No Defense", "IG PMM↑ std"]
-    )
+    accuracy = table.loc["No Defense"]
+    assert accuracy["GI Accuracy↑ mean"] == 50.0 and accuracy["GI Accuracy↑ n"] == 3  # seeds
+    # the interval over the seeds: mean ± t(0.975, 2) x 2 / sqrt(3)
+    half = 4.302653 * 2.0 / 3**0.5
+    assert accuracy["GI Accuracy↑ ci_low"] == pytest.approx(50.0 - half, rel=1e-5)
     assert table.loc["Noise", "IG PMM↑ failed"] == 1 and why in table.loc["Noise", "IG PMM↑ note"]
     md = (tmp_path / "t.md").read_text()
-    assert "from each defense's FL training run" in md and why in md
+    assert "from each defense's FL training runs" in md and why in md
 
 
 def test_unavailable_lpips_is_empty_with_reason(tmp_path):
@@ -510,7 +511,7 @@ def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path
     psnr = {"none": 30.0, "noise-std0.01": 20.0, "noise-std0.1": 12.0}
     pmm = {"none": 1.0, "noise-std0.01": 0.9, "noise-std0.1": 0.6}
     records = [run(d, "ig", v, psnr=psnr[d]) for d in defenses for v in range(2)]
-    training = {"pmm": {("patches", "resnet18", d): (pmm[d], "") for d in defenses}}
+    training = {"pmm": {("patches", "resnet18", d): ([pmm[d]], "") for d in defenses}}
     lines = {"none": ("No Defense", 0), "noise-std0.01": ("Noise", 1), "noise-std0.1": ("Noise", 2)}
     out = render_table(
         "fig6",
@@ -589,8 +590,8 @@ def test_a_sweep_point_read_from_its_bases_runs_is_a_row_of_its_own(tmp_path, mo
         for v in range(2)
     ]
     pmm = {
-        ("patches", "resnet18", "noise"): (0.9, ""),
-        ("patches", "resnet18", "noise-std0.1"): (0.6, ""),
+        ("patches", "resnet18", "noise"): ([0.9], ""),
+        ("patches", "resnet18", "noise-std0.1"): ([0.6], ""),
     }
     out = render_table(
         "sweep",

@@ -166,8 +166,11 @@ def test_utility_dry_run_trains_every_defense_once(tmp_path, overlay):
     proc = snakemake(*args, cwd=root)
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    defenses = yaml.safe_load((root / "params.yaml").read_text())["utility"]["defenses"]
-    assert counts["train_utility"] == len(defenses) and counts["report_utility"] == 1
+    study = yaml.safe_load((root / "params.yaml").read_text())["utility"]
+    if overlay:
+        study |= yaml.safe_load((root / overlay).read_text())["utility"]
+    runs = len(study["defenses"]) * len(study["seeds"])  # every defense at every seed
+    assert counts["train_utility"] == runs and counts["report_utility"] == 1
     assert "train" not in counts  # the utility runs are their own, with the study's FL setting
 
 
@@ -208,18 +211,24 @@ def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
     cfg = yaml.safe_load((root / "params.yaml").read_text())
     assert list(table["defense"]) == cfg["utility"]["defenses"]
     assert (table["status"] == "ok").all() and table["accuracy"].between(0, 100).all()
-    reference = table.set_index("defense").loc["none", "accuracy"]
-    # the CSV keeps 6 significant digits
-    assert ((table["relative_accuracy"] - table["accuracy"] / reference).abs() < 1e-4).all()
+    assert (table["seeds"] == 2).all()  # tiny.yaml's two seeds
+    runs = pd.read_csv(root / "results/utility_runs.csv")
+    assert len(runs) == 2 * len(table)
+    # PMM: each run over no defense's at the same seed, averaged (the CSV keeps 6 digits)
+    by_seed = runs.pivot(index="seed", columns="defense", values="accuracy")
+    pmm = (by_seed.div(by_seed["none"], axis=0)).mean()
+    relative = table.set_index("defense")["relative_accuracy"]
+    assert ((relative - pmm[relative.index]).abs() < 1e-4).all()
     dp = table.set_index("defense").loc["dp_sgd"]
     assert 0 < dp["epsilon"] < float("inf")
     assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
-    summary = json.loads((root / "results/utility/patches/cnn3/cvb/summary.json").read_text())
+    summary = json.loads((root / "results/utility/patches/cnn3/cvb/seed1/summary.json").read_text())
+    assert summary["seed"] == 1
     assert summary["status"] == "ok"
     from gradinv.io import load_tensors
 
     # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
-    saved = load_tensors(root / "results/utility/patches/cnn3/cvb/final.pt")
+    saved = load_tensors(root / "results/utility/patches/cnn3/cvb/seed0/final.pt")
     assert saved["model"]["extension"]["kind"] == "cvb"
     assert any("decoder" in k for k in saved["state"])
     md = (root / "results/utility.md").read_text()

@@ -189,9 +189,12 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump(out)
     if stage == "utility_train":
         # The train stage's settings with the utility study's FL setting and one final model.
-        out = json.loads(job_settings(config, "train", **w))
+        out = json.loads(
+            job_settings(config, "train", **{k: v for k, v in w.items() if k != "seed"})
+        )
         out["fl"] = utility_fl(config)
-        out["study"] = "utility"
+        out["seed"] = int(w["seed"])  # the run's seed, one of utility.seeds
+        out["study"] = f"utility, seed {w['seed']}"
         return _dump(out)
     if stage == "utility_report":
         study = config["utility"]

@@ -51,17 +51,18 @@ def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
 
 def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
     """The utility study's training runs a table reads when it shows what its defenses cost
-    (metrics accuracy or pmm): one per dataset, model and run the table reads (a shared sweep
-    point's base), and no defense's for PMM."""
+    (metrics accuracy or pmm): one per dataset, model, run the table reads (a shared sweep
+    point's base) and seed (``utility.seeds``), and no defense's for PMM."""
     spec = config["tables"][table]
     if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
         return []
     defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
     return [
-        f"results/utility/{d}/{m}/{f}/summary.json"
+        f"results/utility/{d}/{m}/{f}/seed{s}/summary.json"
         for d in spec["datasets"]
         for m in table_models(config, table)
         for f in defenses
+        for s in config["utility"]["seeds"]
     ]
 
 

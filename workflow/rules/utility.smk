@@ -1,6 +1,6 @@
-# The utility table (results/utility.csv): one FL training run per defense with the study's FL
-# setting (params.yaml `utility`, merged over `fl`), on the main partition; its final test
-# accuracy beside training without a defense. No attack involved. As in the convergence study,
+# The utility table (results/utility.csv): FL training runs per defense and seed with the study's
+# FL setting (params.yaml `utility`, merged over `fl`), on the main partition; the final test
+# accuracy over the seeds beside training without a defense (results/utility_runs.csv: each run). No attack involved. As in the convergence study,
 # the model after the last round is `final.pt`, a path independent of the number of rounds.
 
 UTILITY = config["utility"]
@@ -12,8 +12,8 @@ rule train_utility:
         partition="data/partitions/{dataset}.json",
         assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
-        checkpoint="results/utility/{dataset}/{model}/{defense}/final.pt",
-        summary="results/utility/{dataset}/{model}/{defense}/summary.json",
+        checkpoint="results/utility/{dataset}/{model}/{defense}/seed{seed}/final.pt",
+        summary="results/utility/{dataset}/{model}/{defense}/seed{seed}/summary.json",
     params:
         settings=lambda w: job_settings(config, "utility_train", **w),
     threads: config["threads_per_job"]
@@ -25,9 +25,9 @@ rule train_utility:
     conda:
         "../../environment.yml"
     log:
-        "results/logs/utility/{dataset}/{model}/{defense}.log",
+        "results/logs/utility/{dataset}/{model}/{defense}/seed{seed}.log",
     benchmark:
-        "results/benchmarks/utility/{dataset}/{model}/{defense}.tsv"
+        "results/benchmarks/utility/{dataset}/{model}/{defense}/seed{seed}.tsv"
     shell:
         "gradinv train --settings {params.settings:q} --prepared-dir data/prepared "
         "--partition {input.partition} --checkpoints {output.checkpoint} "
@@ -37,13 +37,15 @@ rule train_utility:
 rule report_utility:
     input:
         expand(
-            "results/utility/{dataset}/{model}/{defense}/summary.json",
+            "results/utility/{dataset}/{model}/{defense}/seed{seed}/summary.json",
             dataset=UTILITY["dataset"],
             model=UTILITY["model"],
             defense=UTILITY["defenses"],
+            seed=UTILITY["seeds"],
         ),
     output:
         csv="results/utility.csv",
+        runs="results/utility_runs.csv",
         markdown="results/utility.md",
     params:
         settings=lambda w: job_settings(config, "utility_report"),

@@ -134,6 +134,7 @@ def _selection(value: Any, where: str) -> dict[str, tuple[Any, ...]]:
 
 
 def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
-    """The file a check reads: an attack table's per-victim values, or the utility runs."""
-    name = "utility.csv" if table == UTILITY else f"{table}_victims.csv"
+    """The file a check reads: an attack table's per-victim values, or the utility runs (one line
+    per defense and seed)."""
+    name = "utility_runs.csv" if table == UTILITY else f"{table}_victims.csv"
     return Path(results) / name

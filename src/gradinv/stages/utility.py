@@ -1,17 +1,29 @@
 """Stage: the utility table, what each defense costs in accuracy, from FL training summaries.
 
-Each input is the summary of one FL training run (``gradinv train``) under one defense, with the
-study's FL setting (params.yaml ``utility``). A row gives the defense, its setting, the test
-accuracy at the end of training (the mean of the last ``utility.average_last`` evaluations: one
-evaluation of a small model trained by FedSGD swings by several points from one to the next) and
-that accuracy relative to training without a defense (Refiner's PMM, the
-"performance of the model with the defense over the model without"), plus the privacy budget
-epsilon for a defense that accounts one (DP-SGD) and the training time per round. A failed
-(diverged) run keeps its row, with its reason and no accuracy.
+Each input is the summary of one FL training run (``gradinv train``) under one defense at one
+seed, with the study's FL setting (params.yaml ``utility``). Every defense runs at the same seeds
+(``utility.seeds``), and at one seed every defense starts from the same model and sees the same
+clients and batches, so two defenses are compared seed by seed.
+
+A run's accuracy is the mean of its last ``utility.average_last`` evaluations (one evaluation of a
+small model trained by FedSGD swings by several points from one to the next). Over the seeds:
+
+- ``results/utility_runs.csv``: one line per run (defense, seed, accuracy, status, ...), what the
+  accuracy claims pair seed by seed (:mod:`gradinv.claims`);
+- ``results/utility.csv`` and ``.md``: one line per defense, its mean accuracy over the seeds
+  with a 95% t-interval, its PMM (Refiner's "performance of the model with the defense over the
+  model without": the accuracy over no defense's at the same seed, averaged over the seeds, with
+  its interval) and its difference to no defense (paired by seed, with its interval), the privacy
+  budget epsilon of a defense that accounts one (DP-SGD), CENSOR's raw-gradient share and the
+  training time per round.
+
+A failed (diverged) run keeps its line with its reason and no accuracy; a defense's line counts
+its failed seeds, and its statistics are over the seeds that finished.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,18 +31,40 @@ from typing import Any
 import pandas as pd
 
 from gradinv.io import atomic_path, read_json
+from gradinv.stats import mean_over_seeds, paired_seeds
 from gradinv.tables.render import write_csv
 
+RUN_COLUMNS = (
+    "defense",
+    "label",
+    "seed",
+    "accuracy",
+    "accuracy_spread",
+    "round",
+    "epsilon",
+    "raw_gradient_rate",
+    "fallback_rate",
+    "seconds_per_round",
+    "status",
+    "failure",
+    "scale",
+)
 COLUMNS = (
     "defense",
     "label",
     "kind",
     "setting",
     "accuracy",
-    "accuracy_spread",
+    "accuracy_ci_low",
+    "accuracy_ci_high",
+    "seeds",
+    "failed_seeds",
     "relative_accuracy",
+    "relative_ci_low",
+    "relative_ci_high",
     "difference",
-    "round",
+    "difference_ci_low",
+    "difference_ci_high",
     "epsilon",
     "raw_gradient_rate",
     "fallback_rate",
@@ -44,41 +78,30 @@ REFERENCE = "none"  # the row every other is relative to
 
 def run(settings: dict[str, Any], summaries: list[Path], out_dir: Path) -> None:
     runs = [read_json(p) for p in summaries]
+    per_run = run_table(runs, settings)
     table = utility_table(runs, settings)
+    write_csv(per_run, out_dir / "utility_runs.csv")
     write_csv(table, out_dir / "utility.csv")
     with atomic_path(out_dir / "utility.md") as tmp:
         tmp.write_text(_markdown(table, runs, settings), encoding="utf-8")
 
 
-def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
-    """One row per run, in the study's order of defenses."""
-    defenses, order = settings["defenses"], settings["utility"]["defenses"]
-    last = settings["utility"]["average_last"]
-    finals = {s["defense"]: final_accuracy(s, last) for s in runs}
-    reference = finals.get(REFERENCE, (None, None))[0]
-    spreads = {s["defense"]: accuracy_spread(s, last) for s in runs}
+def run_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
+    """One line per training run, in the study's order of defenses, then by seed."""
+    order, last = settings["utility"]["defenses"], settings["utility"]["average_last"]
     rows = []
-    for s in sorted(runs, key=lambda s: order.index(s["defense"])):
-        accuracy, at_round = finals[s["defense"]]
-        block = defenses[s["defense"]]
+    for s in sorted(runs, key=lambda s: (order.index(s["defense"]), int(s.get("seed", 0)))):
+        accuracy, at_round = final_accuracy(s, last)
         rounds = max((int(p["round"]) for p in s["history"]), default=0)
-        privacy = s.get("privacy") or {}
         rows.append(
             {
                 "defense": s["defense"],
-                "label": block["label"],
-                "kind": block["kind"],
-                "setting": describe(block),
+                "label": settings["defenses"][s["defense"]]["label"],
+                "seed": int(s.get("seed", 0)),
                 "accuracy": accuracy,
-                "accuracy_spread": spreads[s["defense"]],
-                "relative_accuracy": None
-                if accuracy is None or not reference
-                else accuracy / reference,
-                "difference": None
-                if accuracy is None or reference is None
-                else accuracy - reference,
+                "accuracy_spread": accuracy_spread(s, last),
                 "round": at_round,
-                "epsilon": privacy.get("epsilon"),
+                "epsilon": (s.get("privacy") or {}).get("epsilon"),
                 **defense_rates(s),
                 "seconds_per_round": s["seconds"] / rounds if rounds else None,
                 "status": s["status"],
@@ -86,7 +109,70 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
                 "scale": settings["scale"],
             }
         )
+    return pd.DataFrame.from_records(rows, columns=list(RUN_COLUMNS))
+
+
+def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
+    """One line per defense, in the study's order: its accuracy over the seeds, and its PMM and
+    difference to no defense paired by seed, each with its 95% interval."""
+    per_run = run_table(runs, settings)
+    by_seed = {
+        d: dict(zip(g["seed"], g["accuracy"], strict=True)) for d, g in per_run.groupby("defense")
+    }
+    reference = by_seed.get(REFERENCE, {})
+    rows = []
+    for defense in dict.fromkeys(per_run["defense"]):
+        lines = per_run[per_run["defense"] == defense]
+        ok = lines[lines["status"] == "ok"].dropna(subset=["accuracy"])
+        block = settings["defenses"][defense]
+        accuracy = mean_over_seeds(ok["accuracy"].tolist())
+        relative, difference = _paired_to_reference(by_seed[defense], reference)
+        failed = lines[lines["status"] != "ok"]
+        rows.append(
+            {
+                "defense": defense,
+                "label": block["label"],
+                "kind": block["kind"],
+                "setting": describe(block),
+                "accuracy": _value(accuracy.estimate),
+                "accuracy_ci_low": _value(accuracy.low),
+                "accuracy_ci_high": _value(accuracy.high),
+                "seeds": len(ok),
+                "failed_seeds": len(failed),
+                "relative_accuracy": _value(relative.estimate),
+                "relative_ci_low": _value(relative.low),
+                "relative_ci_high": _value(relative.high),
+                "difference": _value(difference.estimate),
+                "difference_ci_low": _value(difference.low),
+                "difference_ci_high": _value(difference.high),
+                "epsilon": _mean(lines["epsilon"]),
+                "raw_gradient_rate": _mean(lines["raw_gradient_rate"]),
+                "fallback_rate": _mean(lines["fallback_rate"]),
+                "seconds_per_round": _mean(lines["seconds_per_round"]),
+                "status": "ok" if failed.empty else f"{len(failed)} of {len(lines)} seeds failed",
+                "failure": "; ".join(
+                    f"seed {r.seed}: {r.failure}" for r in failed.itertuples() if r.failure
+                ),
+                "scale": settings["scale"],
+            }
+        )
     return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+
+
+def _paired_to_reference(
+    accuracies: dict[int, float | None], reference: dict[int, float | None]
+) -> tuple[Any, Any]:
+    """PMM (accuracy / the reference's at the same seed) and the difference to the reference,
+    over the seeds both finished, each with its 95% interval."""
+    seeds = [
+        s
+        for s in accuracies
+        if _finite(accuracies[s]) and _finite(reference.get(s)) and reference[s] > 0
+    ]
+    left = [accuracies[s] for s in seeds]
+    right = [reference[s] for s in seeds]
+    ratio = mean_over_seeds([a / b for a, b in zip(left, right, strict=True)])
+    return ratio, paired_seeds(left, right)
 
 
 def describe(block: dict[str, Any]) -> str:
@@ -96,25 +182,33 @@ def describe(block: dict[str, Any]) -> str:
 
 def training_metrics(
     runs: list[dict[str, Any]], last: int
-) -> dict[str, dict[tuple[str, str, str], tuple[float | None, str]]]:
-    """The accuracy (%) and PMM of each run by (dataset, model, defense), each as (value, why it
-    is missing or ""), for the tables that show what a defense costs (metrics of scope
-    ``training``); PMM is relative to the ``none`` run of the same dataset and model."""
-    accuracy = {}
+) -> dict[str, dict[tuple[str, str, str], tuple[list[float], str]]]:
+    """The accuracy (%) and PMM of each (dataset, model, defense) over its seeds, as (the values
+    of the seeds that finished, why some are missing or ""), for the tables that show what a
+    defense costs (metrics of scope ``training``); PMM is the accuracy over the ``none`` run's
+    of the same dataset, model and seed."""
+    by_key: dict[tuple[str, str, str], dict[int, float | None]] = {}
+    why: dict[tuple[str, str, str], list[str]] = {}
     for s in runs:
+        key = (s["dataset"], s["model"], s["defense"])
         value = final_accuracy(s, last)[0]
-        why = "" if value is not None else f"training {s['status']}: {s.get('failure') or ''}"
-        accuracy[(s["dataset"], s["model"], s["defense"])] = (value, why)
-    pmm = {}
-    for (dataset, model, defense), (value, why) in accuracy.items():
-        reference, ref_why = accuracy.get(
-            (dataset, model, REFERENCE), (None, "no run without defense")
-        )
-        if value is not None and reference:
-            pmm[(dataset, model, defense)] = (value / reference, "")
-        else:
-            ref_why = ref_why or "0% accuracy"
-            pmm[(dataset, model, defense)] = (None, why or f"the run without defense: {ref_why}")
+        by_key.setdefault(key, {})[int(s.get("seed", 0))] = value
+        if value is None:
+            why.setdefault(key, []).append(
+                f"training {s['status']} (seed {s.get('seed', 0)}): {s.get('failure') or ''}"
+            )
+    accuracy, pmm = {}, {}
+    for key, seeds in by_key.items():
+        done = [v for v in seeds.values() if v is not None]
+        accuracy[key] = (done, "; ".join(why.get(key, [])))
+        reference = by_key.get((key[0], key[1], REFERENCE), {})
+        ratios = [
+            seeds[s] / reference[s]
+            for s in seeds
+            if seeds[s] is not None and reference.get(s) not in (None, 0)
+        ]
+        missing = "" if ratios else "no finished run without defense at the same seed"
+        pmm[key] = (ratios, "; ".join(filter(None, [*why.get(key, []), missing])))
     return {"accuracy": accuracy, "pmm": pmm}
 
 
@@ -150,11 +244,33 @@ def defense_rates(summary: dict[str, Any]) -> dict[str, float | None]:
 def accuracy_spread(summary: dict[str, Any], last: int) -> float | None:
     """The sample standard deviation (percentage points) of the ``last`` evaluations that
     :func:`final_accuracy` averages: how far one run's reading moves from one evaluation to the
-    next. Two defenses closer than this are not told apart by one run each."""
+    next."""
     evals = [float(p["test_accuracy"]) for p in _last_evaluations(summary, last)]
     if summary["status"] != "ok" or len(evals) < 2:
         return None
     return 100.0 * statistics.stdev(evals)
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _value(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def _mean(values: pd.Series) -> float | None:
+    known = pd.to_numeric(values, errors="coerce").dropna()
+    return float(known.mean()) if len(known) else None
+
+
+def _interval_text(value: Any, low: Any, high: Any, fmt: str) -> str:
+    if value is None or pd.isna(value):
+        return ""
+    text = format(value, fmt)
+    if low is not None and high is not None and not (pd.isna(low) or pd.isna(high)):
+        text += f" [{format(low, fmt)}, {format(high, fmt)}]"
+    return text
 
 
 def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[str, Any]) -> str:
@@ -162,35 +278,48 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
     lines = [f"# {study['title']}", ""]
     if settings["scale"] == "embedded":
         lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
+    seeds = ", ".join(map(str, study["seeds"]))
     lines += [
-        f"Test accuracy (%) after FL training under each defense, the mean of the last "
-        f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds), "
-        "± their standard deviation: one run's reading moves that much from one evaluation to "
-        "the next, so smaller differences between two defenses mean little; "
-        "*relative* is the accuracy over the accuracy without a defense (Refiner's PMM); "
-        "epsilon is the privacy budget a defense accounts (DP-SGD, at the delta of its setting); "
-        "*raw G0* is the share of client updates that were the raw gradient, unprotected "
-        "(CENSOR under Algorithm 1: no orthogonal candidate lowered the loss), and *fallback* the "
-        "share in which no candidate did (under `never-raw` the best candidate is shared anyway).",
+        f"Test accuracy (%) after FL training under each defense, over the seeds {seeds} (the "
+        "same for every defense; at one seed every defense starts from the same model and sees "
+        "the same clients and batches). A run's accuracy is the mean of its last "
+        f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds). In "
+        "brackets, 95% intervals: over the seeds (t) for the accuracy; paired by seed for "
+        "*relative* (the accuracy over no defense's at the same seed: Refiner's PMM) and for the "
+        "difference to no defense. Each run: `utility_runs.csv`. epsilon is the privacy budget a "
+        "defense accounts (DP-SGD, at the delta of its setting); *raw G0* is the share of client "
+        "updates that were the raw gradient, unprotected (CENSOR under Algorithm 1: no "
+        "orthogonal candidate lowered the loss), and *fallback* the share in which no candidate "
+        "did (under `never-raw` the best candidate is shared anyway).",
         "",
-        "| defense | setting | accuracy | relative | difference | epsilon | raw G0 | fallback "
-        "| s/round | failure |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| defense | setting | accuracy | relative | difference | seeds | epsilon | raw G0 | "
+        "fallback | s/round | failure |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def num(v: Any, fmt: str) -> str:
         return "" if v is None or pd.isna(v) else format(v, fmt)
 
     for r in table.to_dict("records"):
-        spread = num(r["accuracy_spread"], ".2f")
-        lines.append(
-            f"| {r['label']} | {r['setting']} | {num(r['accuracy'], '.2f')}"
-            f"{' ± ' + spread if spread else ''} | "
-            f"{num(r['relative_accuracy'], '.3f')} | {num(r['difference'], '+.2f')} | "
-            f"{num(r['epsilon'], '.3g')} | {num(r['raw_gradient_rate'], '.3f')} | "
-            f"{num(r['fallback_rate'], '.3f')} | {num(r['seconds_per_round'], '.3f')} | "
-            f"{r['failure']} |"
-        )
+        failed = f" ({r['failed_seeds']} failed)" if r["failed_seeds"] else ""
+        cells = [
+            r["label"],
+            r["setting"],
+            _interval_text(r["accuracy"], r["accuracy_ci_low"], r["accuracy_ci_high"], ".2f"),
+            _interval_text(
+                r["relative_accuracy"], r["relative_ci_low"], r["relative_ci_high"], ".3f"
+            ),
+            _interval_text(
+                r["difference"], r["difference_ci_low"], r["difference_ci_high"], "+.2f"
+            ),
+            f"{r['seeds']}{failed}",
+            num(r["epsilon"], ".3g"),
+            num(r["raw_gradient_rate"], ".3f"),
+            num(r["fallback_rate"], ".3f"),
+            num(r["seconds_per_round"], ".3f"),
+            r["failure"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     commits = sorted({str(s.get("git_commit")) for s in runs})
     lines += [
         "",
@@ -199,7 +328,7 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
         f"- dataset: {study['dataset']}, model: {study['model']}",
         f"- partition: {settings['partition']}",
         f"- FL: {settings['fl']}",
-        f"- seed: {settings['seed']}, scale: {settings['scale']}",
+        f"- seeds: {seeds}, scale: {settings['scale']}",
         f"- git commit(s): {', '.join(commits)}",
         "",
     ]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gradinv.stats import bootstrap_mean
+from gradinv.stats import bootstrap_mean, mean_over_seeds
 from gradinv.tables.files import DEFAULT_METRICS, unavailable_column
 
 
@@ -43,8 +43,9 @@ class MetricSpec:
     """How a metric is named and read in the paper: its label, arrow and printed decimals.
 
     ``scope``: ``victim``, one value per attacked victim (the cell is their mean), or
-    ``training``, one value per defense from its FL training run (the utility study's accuracy
-    and PMM), the same in every cell of the defense's row: the cell shows it with n = 1.
+    ``training``, one value per defense and seed from its FL training runs (the utility study's
+    accuracy and PMM), the same in every cell of the defense's row: the cell is their mean over
+    the seeds, with n the seeds.
     """
 
     label: str
@@ -212,33 +213,35 @@ def _raw_gradients(group: pd.DataFrame | None) -> dict[str, Any]:
 
 
 def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
-    """A metric of the defense's FL training run (accuracy, PMM): one value for the whole cell,
-    whatever its attacks did, repeated on each victim's line (a sample of one). A failed run is
-    counted as failed, with its reason (``<metric>_failure``)."""
-    value = float(group[metric].iloc[0])
+    """A metric of the defense's FL training runs (accuracy, PMM): one value per seed that
+    finished (``<metric>_seeds``), the same for the whole cell whatever its attacks did; the
+    cell is their mean with a 95% t-interval over the seeds, n the seeds. A failed run is counted
+    as failed, with its reason (``<metric>_failure``)."""
+    if f"{metric}_seeds" in group:
+        values = [float(v) for v in group[f"{metric}_seeds"].iloc[0]]
+    else:
+        values = [float(group[metric].iloc[0])]
+    values = [v for v in values if not math.isnan(v)]
     failure = str(group[f"{metric}_failure"].iloc[0] or "")
-    source = "from the defense's FL training run (utility study)"
-    if failure:
-        return {
-            "mean": math.nan,
-            "std": math.nan,
-            "ci_low": math.nan,
-            "ci_high": math.nan,
-            "n": 0,
-            "failed": 1,
-            "note": f"{source}: {failure}",
-            "unavailable": 0,
-        }
+    source = "from the defense's FL training runs (utility study), over their seeds"
+    over = mean_over_seeds(values)
     return {
-        "mean": value,
-        "std": math.nan,
-        "ci_low": math.nan,
-        "ci_high": math.nan,
-        "n": 1,
-        "failed": 0,
-        "note": source,
+        "mean": over.estimate if values else math.nan,
+        "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
+        "ci_low": over.low,
+        "ci_high": over.high,
+        "n": len(values),
+        "failed": _failed_runs(failure, bool(values)),
+        "note": f"{source}: {failure}" if failure else source,
         "unavailable": 0,
     }
+
+
+def _failed_runs(failure: str, any_value: bool) -> int:
+    """The training runs a cell's failure note names (one "training ..." part each); a note
+    without any and no value at all is one failure."""
+    named = sum(1 for part in failure.split("; ") if part.startswith("training "))
+    return named or int(bool(failure) and not any_value)
 
 
 def _check_group(group: pd.DataFrame, rows: Sequence[str], where: str) -> None:

@@ -151,9 +151,10 @@ def _training_note(long: pd.DataFrame) -> list[str]:
     failed = long[long["metric"].isin(shown) & (long["failed"] > 0)]
     reasons = "; ".join(dict.fromkeys(n.split(": ", 1)[-1] for n in failed["note"]))
     return [
-        f"{labels}: from each defense's FL training run (the utility study's, with its FL "
-        "setting), not from the attacks: the test accuracy (%) at the end of training and its "
-        "ratio to the accuracy without a defense (Refiner's PMM); one value per defense, the "
+        f"{labels}: from each defense's FL training runs (the utility study's, with its FL "
+        "setting, at each of its seeds), not from the attacks: the test accuracy (%) at the end "
+        "of training and its ratio to the accuracy without a defense at the same seed "
+        "(Refiner's PMM); the mean over the seeds with its 95% t-interval and n the seeds, the "
         "same in every attack's column."
         + (f" **Failed training runs:** {_esc(reasons)}." if reasons else ""),
         "",

@@ -174,8 +174,9 @@ def render_table(
     what was scaled down and why would be read as a failed reproduction. With ``sweep`` the
     figure is a line over the swept value (a round, CENSOR's T) instead of bars; with
     ``tradeoff`` it plots utility against privacy, a line per defense's sweep. ``training``
-    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (value,
-    failure reason or ""), from the defenses' FL training runs rather than the metrics files.
+    gives the metrics of scope ``training`` (accuracy, PMM) by (dataset, model, defense) as (the
+    values of its seeds, failure reason or ""), from the defenses' FL training runs rather than
+    the metrics files.
     ``shared`` names the defenses shown from another's runs, with that defense and their label
     (a sweep point at its base's value: :func:`gradinv.sweeps.shared_runs`); ``shared_attacks``
     by defense run, the attacks shown from another attack's runs, with that attack and their
@@ -190,7 +191,8 @@ def render_table(
     trained = df["defense"].map(lambda d: shared[d][0] if d in shared else d)
     for metric, values in training.items():
         runs = [values[k] for k in zip(df["dataset"], df["model"], trained, strict=True)]
-        df[metric] = [math.nan if v is None else float(v) for v, _ in runs]
+        df[metric] = [sum(v) / len(v) if v else math.nan for v, _ in runs]
+        df[f"{metric}_seeds"] = [list(v) for v, _ in runs]  # one value per seed that finished
         df[f"{metric}_failure"] = [failure for _, failure in runs]
         df[unavailable_column(metric)] = False
     scales = _scales(df, setting)
