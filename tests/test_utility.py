@@ -63,7 +63,7 @@ RUNS = [
 
 def test_each_run_is_a_line_and_each_defense_its_mean_over_the_seeds():
     runs = run_table(RUNS, SETTINGS)
-    assert list(zip(runs["defense"], runs["seed"])) == [
+    assert list(zip(runs["defense"], runs["seed"], strict=True)) == [
         (d, s) for d in ("none", "dp_sgd", "noise") for s in (0, 1, 2)
     ]
     assert runs.loc[3, "accuracy"] == pytest.approx(40.0)  # dp_sgd, seed 0
