@@ -327,8 +327,9 @@ def test_convergence_jobs_get_the_studys_partition_and_fl():
 
 def test_utility_jobs_train_with_the_studys_fl_and_keep_the_last_model():
     cfg = validate(copy.deepcopy(PARAMS))
-    key = {"dataset": "patches", "model": "cnn3", "defense": "dp_sgd"}
+    key = {"dataset": "patches", "model": "cnn3", "defense": "dp_sgd", "seed": "2"}
     job = json.loads(job_settings(cfg, "utility_train", **key))
+    assert job["seed"] == 2  # the run's own seed, one of utility.seeds
     study = PARAMS["utility"]["fl"]
     assert job["fl"]["rounds"] == study["rounds"] and job["fl"]["checkpoint_rounds"] == [
         study["rounds"]
