@@ -161,6 +161,14 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"defenses.censor_whole.trials: 0 is out of range",
         ),
         (
+            broken("fl.client_optimizer", "adam"),
+            r"fl.client_optimizer: a FedAvg client's setting, but the protocol is fedsgd",
+        ),
+        (
+            broken("utility.fl", {"rounds": 200, "lr": 0.05, "eval_every": 10, "momentum": 0.9}),
+            r"utility.fl.momentum: a FedAvg client's setting",
+        ),
+        (
             broken("defenses.censor.fallback", "as-coded"),
             r"defenses.censor.fallback: 'as-coded' was renamed; use 'algorithm-1'",
         ),

@@ -29,7 +29,18 @@ from test_workflow import SNAKEMAKE, run_target, workflow_copy
 MICRO = "tests/configs/micro.yaml"
 
 
-def _fl_case():
+# CVB's and DCS²'s way of training: FedAvg, a pass over the shard, Adam or momentum kept between
+# a client's rounds, a decaying local rate
+RECIPES = {
+    "fedsgd": {},
+    "fedavg-adam": dict(
+        protocol="fedavg", client_optimizer="adam", local_lr=1e-3, local_epochs=1, lr_decay=0.99
+    ),
+    "fedavg-momentum": dict(protocol="fedavg", momentum=0.9, local_lr=0.01, local_epochs=1),
+}
+
+
+def _fl_case(recipe="fedsgd"):
     spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 3, 16, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
@@ -47,13 +58,14 @@ def _fl_case():
             checkpoint_rounds=[0, 3, 6],
             eval_samples=16,
         )
+        | RECIPES[recipe]
     )
     defense = build_defense("gaussian_noise", {"std": 0.01}, where="test")  # uses the generator
     return spec, x, y, parts, fl, defense
 
 
-def _train(progress):
-    spec, x, y, parts, fl, defense = _fl_case()
+def _train(progress, recipe="fedsgd"):
+    spec, x, y, parts, fl, defense = _fl_case(recipe)
     model = build_model(spec, seed=0)
     checkpoints = {}
 
@@ -64,12 +76,13 @@ def _train(progress):
     return checkpoints, history
 
 
-def test_training_resumes_to_the_same_checkpoints_and_history(tmp_path):
-    expected, expected_history = _train(None)
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_training_resumes_to_the_same_checkpoints_and_history(tmp_path, recipe):
+    expected, expected_history = _train(None, recipe)
     with pytest.raises(Interrupted):
-        _train(StopAfter(tmp_path / "p", saves=4))  # killed after round 4
+        _train(StopAfter(tmp_path / "p", saves=4), recipe)  # killed after round 4
     resumed = Progress(tmp_path / "p", fingerprint="f", every=0)
-    checkpoints, history = _train(resumed)
+    checkpoints, history = _train(resumed, recipe)  # the clients' optimizers come back too
     assert history == expected_history
     assert sorted(checkpoints) == [0, 3, 6]  # the deleted outputs of rounds 0 and 3 come back
     for rnd in expected:
@@ -105,7 +118,7 @@ def _attack_case():
     images = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     labels = torch.tensor([2])
     none = build_defense("none", {}, where="test")
-    grads, _ = client_update(
+    grads, *_ = client_update(
         model,
         images,
         labels,

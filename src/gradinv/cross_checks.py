@@ -10,6 +10,7 @@ import difflib
 from typing import Any
 
 from gradinv.config import (
+    merge,
     method_settings,
     table_batch_size,
     table_models,
@@ -187,6 +188,24 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
                     f"attacks.{name}.{key}: {special[0]!r} is no layer pattern; the only one "
                     f"starting with @ is {STOCHASTIC!r} (the layers after a random draw)."
                 )
+    for where, settings in (
+        ("fl", fl),
+        ("utility.fl", merge(fl, config["utility"]["fl"])),
+        ("convergence.fl", merge(fl, config["convergence"]["fl"])),
+    ):
+        fedavg_only = {
+            "client_optimizer": "sgd",
+            "momentum": 0.0,
+            "local_epochs": 0,
+            "lr_decay": 1.0,
+        }
+        changed = [k for k, v in fedavg_only.items() if settings.get(k, v) != v]
+        if settings["protocol"] == "fedsgd" and changed:
+            fail(
+                f"{where}.{changed[0]}: a FedAvg client's setting, but the protocol is fedsgd "
+                "(the server steps by -lr x the mean gradient; no client optimizer runs): set "
+                f"{where}.protocol: fedavg, or leave {changed[0]} at its default"
+            )
     if max(fl["checkpoint_rounds"]) > fl["rounds"]:
         fail(
             f"fl.checkpoint_rounds: round {max(fl['checkpoint_rounds'])} is beyond fl.rounds "

@@ -50,6 +50,12 @@ class FLSettings:
     eval_every: int
     checkpoint_rounds: tuple[int, ...]
     eval_samples: int
+    # How a FedAvg client trains (gradinv.fl.client): its optimizer and momentum, whole passes
+    # over its shard (0: local_steps steps on one batch), and local_lr's decay per round.
+    client_optimizer: str = "sgd"
+    momentum: float = 0.0
+    local_epochs: int = 0
+    lr_decay: float = 1.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FLSettings:
@@ -91,6 +97,7 @@ def train(
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     first = 1
+    optimizer_states: dict[int, Any] = {}  # each client's optimizer, kept between its rounds
     saved = progress.load() if progress else None
     if saved is not None:
         model.load_state_dict(saved["model"])
@@ -98,6 +105,7 @@ def train(
         generator.set_state(saved["torch_rng"])
         if "defense" in saved:  # progress saved before defenses kept state has none
             defense.load_state_dict(saved["defense"])
+        optimizer_states = saved.get("client_optimizers", {})
         history, first = saved["history"], saved["round"] + 1
         progress.resumed(f"after round {saved['round']} of {fl.rounds}")
         for rnd in fl.checkpoint_rounds:  # declared outputs were deleted: write them again
@@ -112,24 +120,38 @@ def train(
         train_loss = 0.0
         counters = dict(getattr(defense, "stats", {}))  # the round's rates come from these
         model.train()
+        local_lr = fl.local_lr * fl.lr_decay**rnd
         for c in clients:
             idx = rng.choice(parts[c], size=min(fl.batch_size, len(parts[c])), replace=False)
             x, y = train_x[idx], train_y[idx]
+            batches = None
+            if fl.protocol == "fedavg" and fl.local_epochs:  # passes over the client's shard
+                batches = [
+                    (train_x[b], train_y[b])
+                    for _ in range(fl.local_epochs)
+                    for b in _batches(rng.permutation(parts[c]), fl.batch_size)
+                ]
             with torch.no_grad(), buffers_kept(model):  # the server's look is no training step
                 train_loss += F.cross_entropy(model(x), y).item() / len(clients)
             try:
-                update, local = client_update(
+                update, local, state = client_update(
                     model,
                     x,
                     y,
                     defense,
                     protocol=fl.protocol,
                     local_steps=fl.local_steps,
-                    local_lr=fl.local_lr,
+                    local_lr=local_lr,
                     generator=generator,
+                    client_optimizer=fl.client_optimizer,
+                    momentum=fl.momentum,
+                    batches=batches,
+                    optimizer_state=optimizer_states.get(int(c)),
                 )
             except FloatingPointError as err:  # a defense refused a non-finite update
                 raise TrainingDiverged(f"{err} at round {rnd}", history) from None
+            if state is not None:
+                optimizer_states[int(c)] = state
             updates.append(update)
             locals_.append(local)
         if not np.isfinite(train_loss):
@@ -152,10 +174,17 @@ def train(
                     "numpy_rng": rng.bit_generator.state,
                     "torch_rng": generator.get_state(),
                     "defense": defense.state_dict(),  # the clients' own state (Refiner's)
+                    "client_optimizers": optimizer_states,
                     "history": history,
                 }
             )
     return history
+
+
+def _batches(order: np.ndarray, size: int) -> list[np.ndarray]:
+    """One pass over a client's shard in ``order``: batches of ``size``, the last one shorter
+    (a data loader's, as CVB's and DCS²'s code use)."""
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 def _state(model: nn.Module) -> dict[str, Tensor]:

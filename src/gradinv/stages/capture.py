@@ -167,7 +167,7 @@ def run(
             """The client's update under ``chosen`` and its wall time (Refiner's Table 4)."""
             synchronize(device)
             start = time.perf_counter()
-            update, _ = client_update(
+            update, *_ = client_update(
                 model,
                 inputs,
                 labels,
