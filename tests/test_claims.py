@@ -447,3 +447,30 @@ def test_dvcs_claims_stage_reads_every_result_a_claim_reads():
     stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["claims"]
     results = {d for d in stage["deps"] if d.startswith("results/")}
     assert results == set(claim_inputs(config, REPO_ROOT / "workflow/claims.yaml"))
+
+
+def test_a_claim_on_a_tables_accuracy_pairs_its_training_seeds(tmp_path):
+    """Accuracy in an attack table comes from the defenses' training runs: the claim pairs them
+    seed by seed (``<table>_training.csv``), model by model, not victim by victim."""
+    seeds = pd.DataFrame.from_records(
+        [
+            {"dataset": "patches", "model": m, "defense": d, "seed": s, "accuracy": a + 0.3 * s}
+            for m, gap in (("cnn3", -0.2), ("vit", -6.0))
+            for d, base in (("none", 50.0), ("cvb", 50.0 + gap))
+            for s, a in enumerate([base, base + 1.0, base - 1.0])
+        ]
+    )
+    check = _check(
+        metrics=["accuracy"],
+        left="cvb",
+        relation="not_below",
+        tolerance=1.0,
+        over=["dataset", "model"],
+    )
+    table = evaluate(_claims(tmp_path, check), {"t": VICTIMS}, "embedded", training={"t": seeds})
+    row = table.iloc[0]
+    assert row["verdict"] == "fails"  # the ViT loses 6 points, surely more than 1
+    assert (row["holds_groups"], row["fails_groups"]) == (1, 1)  # the CNN keeps it
+    assert "patches/vit: cvb − none −6 [−6, −6] (n 3 seeds): fails" in row["evidence"]
+    missing = evaluate(_claims(tmp_path, check), {"t": VICTIMS}, "embedded")
+    assert missing.loc[0, "verdict"] == "not evaluated"

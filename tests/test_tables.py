@@ -202,12 +202,12 @@ def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
     why = "training failed: non-finite training loss at round 3"
     training = {  # one value per seed that finished
         "pmm": {
-            ("patches", "resnet18", "none"): ([1.0, 1.0, 1.0], ""),
-            ("patches", "resnet18", "noise"): ([], why),
+            ("patches", "resnet18", "none"): ({0: 1.0, 1: 1.0, 2: 1.0}, ""),
+            ("patches", "resnet18", "noise"): ({}, why),
         },
         "accuracy": {
-            ("patches", "resnet18", "none"): ([48.0, 50.0, 52.0], ""),
-            ("patches", "resnet18", "noise"): ([], why),
+            ("patches", "resnet18", "none"): ({0: 48.0, 1: 50.0, 2: 52.0}, ""),
+            ("patches", "resnet18", "noise"): ({}, why),
         },
     }
     render_table(
@@ -233,6 +233,10 @@ def test_accuracy_and_pmm_come_from_the_training_runs(tmp_path):
     assert table.loc["Noise", "IG PMM↑ failed"] == 1 and why in table.loc["Noise", "IG PMM↑ note"]
     md = (tmp_path / "t.md").read_text()
     assert "from each defense's FL training runs" in md and why in md
+    # seed by seed, what the claims on accuracy pair
+    seeds = pd.read_csv(tmp_path / "t_training.csv")
+    assert list(seeds["seed"]) == [0, 1, 2] and list(seeds["accuracy"]) == [48.0, 50.0, 52.0]
+    assert set(seeds["defense"]) == {"none"}  # the failed noise runs have no seed
 
 
 def test_unavailable_lpips_is_empty_with_reason(tmp_path):
@@ -511,7 +515,7 @@ def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path
     psnr = {"none": 30.0, "noise-std0.01": 20.0, "noise-std0.1": 12.0}
     pmm = {"none": 1.0, "noise-std0.01": 0.9, "noise-std0.1": 0.6}
     records = [run(d, "ig", v, psnr=psnr[d]) for d in defenses for v in range(2)]
-    training = {"pmm": {("patches", "resnet18", d): ([pmm[d]], "") for d in defenses}}
+    training = {"pmm": {("patches", "resnet18", d): ({0: pmm[d]}, "") for d in defenses}}
     lines = {"none": ("No Defense", 0), "noise-std0.01": ("Noise", 1), "noise-std0.1": ("Noise", 2)}
     out = render_table(
         "fig6",
@@ -590,8 +594,8 @@ def test_a_sweep_point_read_from_its_bases_runs_is_a_row_of_its_own(tmp_path, mo
         for v in range(2)
     ]
     pmm = {
-        ("patches", "resnet18", "noise"): ([0.9], ""),
-        ("patches", "resnet18", "noise-std0.1"): ([0.6], ""),
+        ("patches", "resnet18", "noise"): ({0: 0.9}, ""),
+        ("patches", "resnet18", "noise-std0.1"): ({0: 0.6}, ""),
     }
     out = render_table(
         "sweep",

@@ -95,11 +95,15 @@ def test_each_run_is_a_line_and_each_defense_its_mean_over_the_seeds():
 def test_the_tables_accuracy_and_pmm_come_seed_by_seed():
     values = training_metrics(RUNS, last=2)
     accuracy, why = values["accuracy"][("patches", "cnn3", "dp_sgd")]
-    assert accuracy == pytest.approx([40.0, 42.0, 38.0]) and why == ""
+    assert accuracy == pytest.approx({0: 40.0, 1: 42.0, 2: 38.0}) and why == ""
     pmm, _ = values["pmm"][("patches", "cnn3", "dp_sgd")]
-    assert pmm == pytest.approx([40 / 80, 42 / 70, 38 / 90])
+    assert pmm == pytest.approx({0: 40 / 80, 1: 42 / 70, 2: 38 / 90})
     noise, why = values["pmm"][("patches", "cnn3", "noise")]
-    assert len(noise) == 2 and "seed 0" in why  # the failed seed has no PMM, and says why
+    assert sorted(noise) == [1, 2] and "seed 0" in why  # the failed seed has no PMM, and why
+    runs = run_table(RUNS, SETTINGS)  # and run by run, over no defense's at the same seed
+    assert runs.set_index(["defense", "seed"]).loc[("dp_sgd", 1), "relative_accuracy"] == (
+        pytest.approx(42 / 70)
+    )
 
 
 def test_the_report_writes_both_csvs_and_a_labelled_markdown(tmp_path):

@@ -75,8 +75,16 @@ def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
     """The result files the claims in ``claims_file`` read, of the tables this config builds,
     and every attack table's per-victim values, where the floor checks find each undefended
     attack (:mod:`gradinv.claims.paired`)."""
-    from gradinv.claims import UTILITY, load_claims, result_file
+    from gradinv.claims import UTILITY, load_claims, result_file, training_file
+    from gradinv.tables.aggregate import training_scope
 
-    tables = {c.check.table for c in load_claims(claims_file)} & set(claim_tables(config))
+    claims = load_claims(claims_file)
+    tables = {c.check.table for c in claims} & set(claim_tables(config))
     tables |= {t for t in claim_tables(config) if t != UTILITY}
-    return sorted(str(result_file(t)) for t in tables)
+    seeded = {
+        c.check.table
+        for c in claims
+        if c.check.metrics and all(training_scope(m) for m in c.check.metrics)
+    } & tables - {UTILITY}
+    files = [result_file(t) for t in tables] + [training_file(t) for t in seeded]
+    return sorted(str(f) for f in files)

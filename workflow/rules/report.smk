@@ -11,7 +11,8 @@ rule report:
         markdown="results/{table}.md",
         vs_paper="results/{table}_vs_paper.csv",
         cells="results/{table}_cells.csv",
-        victims_values="results/{table}_victims.csv",  # the claims pair these
+        victims_values="results/{table}_victims.csv",  # the claims pair these, victim by victim
+        training="results/{table}_training.csv",  # and these (accuracy, PMM), seed by seed
         figure="results/figures/{table}.png",
         grid="results/figures/{table}_grid.png",
     params:

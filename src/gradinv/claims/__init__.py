@@ -38,7 +38,15 @@ says so.
 
 from gradinv.claims.paired import GROUP_VERDICTS, evaluate_paired
 from gradinv.claims.report import markdown
-from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError, load_claims, result_file
+from gradinv.claims.spec import (
+    UTILITY,
+    Check,
+    Claim,
+    ClaimError,
+    load_claims,
+    result_file,
+    training_file,
+)
 from gradinv.claims.verdicts import COLUMNS, VERDICTS, evaluate, reference_cells
 
 __all__ = [
@@ -55,4 +63,5 @@ __all__ = [
     "markdown",
     "reference_cells",
     "result_file",
+    "training_file",
 ]

@@ -41,7 +41,7 @@ import pandas as pd
 
 from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
 from gradinv.stats import Interval, paired_seeds, paired_victims, verdict
-from gradinv.tables.aggregate import METRICS
+from gradinv.tables.aggregate import METRICS, training_scope
 from gradinv.tables.files import JOB_KEYS
 from gradinv.tables.floor import FLOORED, UNDEFENDED, floor_check
 
@@ -53,13 +53,24 @@ FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
 
 
 def evaluate_paired(
-    claim: Claim, frame: pd.DataFrame, undefended: pd.DataFrame | None = None
+    claim: Claim,
+    frame: pd.DataFrame,
+    undefended: pd.DataFrame | None = None,
+    training: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """The claim's verdict, its groups' counts and the evidence, on one result frame: a table's
     per-victim values (``<table>_victims.csv``) or the utility runs (one line per defense and
-    seed). ``undefended``: every table's per-victim values, where the floor checks look."""
+    seed). ``undefended``: every table's per-victim values, where the floor checks look;
+    ``training``: the table's accuracy and PMM seed by seed (``<table>_training.csv``), what a
+    check on those metrics pairs."""
     check = claim.check
-    tidy, pair_on = _tidy(check, frame)
+    if check.table != UTILITY and check.metrics and all(training_scope(m) for m in check.metrics):
+        if training is None:
+            return _result("not evaluated", [f"{check.table} has no training runs' values"])
+        frame, seeds = training.assign(status="ok"), True
+    else:
+        seeds = check.table == UTILITY
+    tidy, pair_on = _tidy(check, frame, seeds)
     keys = {check.compare, *check.over, *check.where, *check.only_where}
     absent = [c for c in sorted(keys) if c not in tidy.columns]
     if absent:
@@ -80,9 +91,7 @@ def evaluate_paired(
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
         group_key = dict(zip(over, key, strict=True))
-        outcomes.append(
-            (group_key, *_group(claim, group_key, group, pair_on, undefended, check.table))
-        )
+        outcomes.append((group_key, *_group(claim, group_key, group, pair_on, undefended, seeds)))
     evaluated = [o for o in outcomes if o[1] is not None]
     counts = {v: sum(1 for _, g, _ in evaluated if g == v) for v in GROUP_VERDICTS}
     evidence = "; ".join(text for _, _, text in outcomes)
@@ -135,9 +144,10 @@ def _group(
     group: pd.DataFrame,
     pair_on: list[str],
     undefended: pd.DataFrame | None,
-    table: str,
+    seeds: bool,
 ) -> tuple[str | None, str]:
-    """One group's verdict (None: the two sides share no victim or seed) and its evidence."""
+    """One group's verdict (None: the two sides share no victim or seed) and its evidence;
+    ``seeds``: the pairs are training seeds, not victims."""
     check, name = claim.check, _group_name(key)
     metric = str(group["metric"].iloc[0])
     sides = {str(k): g for k, g in group.groupby(check.compare, sort=False)}
@@ -147,7 +157,7 @@ def _group(
     if left is None or missing or not rights:
         return None, f"{name}: no values for {', '.join(missing or [check.right])}"
     relation = _relation(check.relation, metric)
-    floor_note = _floor(check, key, group, metric, undefended, table, [check.left, *rights])
+    floor_note = None if seeds else _floor(check, key, group, metric, undefended, rights)
     if floor_note is not None:
         return "undecidable", f"{name}: undecidable ({floor_note})"
     results, texts = [], []
@@ -155,7 +165,7 @@ def _group(
         pairs = _pairs(left, sides[right], pair_on)
         if pairs.empty:
             return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}"
-        interval = _interval(claim, name, right, pairs, table)
+        interval = _interval(claim, name, right, pairs, seeds)
         results.append(verdict(interval, relation, check.tolerance))
         texts.append(f"{check.left} − {right} {_describe(interval)}")
     group_verdict = (
@@ -164,9 +174,9 @@ def _group(
     return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}"
 
 
-def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, table: str) -> Interval:
+def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, seeds: bool) -> Interval:
     left, right_values = pairs["left"].to_numpy(float), pairs["right"].to_numpy(float)
-    if table == UTILITY:
+    if seeds:
         return paired_seeds(left, right_values)
     return paired_victims(left, right_values, claim.id, name, right)
 
@@ -190,13 +200,13 @@ def _floor(
     group: pd.DataFrame,
     metric: str,
     undefended: pd.DataFrame | None,
-    table: str,
-    sides: list[str],
+    rights: list[str],
 ) -> str | None:
     """Why the group is undecidable (an attack of it does not beat the floor without a
     defense), or None."""
-    if table == UTILITY or metric not in FLOORED or undefended is None or undefended.empty:
+    if metric not in FLOORED or undefended is None or undefended.empty:
         return None
+    sides = [check.left, *rights]
     context = {c: _single(group, c) for c in FLOOR_KEYS if c != check.compare}
     attacks = sides if check.compare == "attack" else [context.get("attack")]
     rounds = sides if check.compare == "round" else [context.get("round")]
@@ -237,10 +247,10 @@ def _relation(relation: str, metric: str) -> str:
     return "greater" if METRICS[metric].arrow == "↑" else "less"
 
 
-def _tidy(check: Check, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def _tidy(check: Check, frame: pd.DataFrame, seeds: bool) -> tuple[pd.DataFrame, list[str]]:
     """The frame as one value per (keys..., metric) and the columns a pair shares: a victim (its
-    job keys but the compared one), or a seed for the utility runs."""
-    if check.table == UTILITY:
+    job keys but the compared one), or a seed (the utility runs, a table's training values)."""
+    if seeds:
         metrics = check.metrics or ("accuracy",)
         missing = [m for m in metrics if m not in frame.columns]
         if missing:
@@ -253,7 +263,7 @@ def _tidy(check: Check, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             var_name="metric",
             value_name="value",
         )
-        return tidy, ["seed"]
+        return tidy, [c for c in ("dataset", "model", "seed") if c != check.compare]
     base = [c for c in (*JOB_KEYS, "status") if c in frame.columns]
     ok = frame["status"] == "ok" if "status" in frame.columns else True
     parts = [

@@ -133,6 +133,11 @@ def _selection(value: Any, where: str) -> dict[str, tuple[Any, ...]]:
     return {k: tuple(v) if isinstance(v, list) else (v,) for k, v in value.items()}
 
 
+def training_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
+    """An attack table's accuracy and PMM seed by seed, what a check on them pairs."""
+    return Path(results) / f"{table}_training.csv"
+
+
 def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
     """The file a check reads: an attack table's per-victim values, or the utility runs (one line
     per defense and seed)."""

@@ -41,6 +41,7 @@ def evaluate(
     published: Mapping[str, pd.DataFrame] | None = None,
     missing: Mapping[str, str] | None = None,
     undefended: pd.DataFrame | None = None,
+    training: Mapping[str, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """One line per claim. ``results`` maps a check's table to its per-victim values
     (``<table>_victims.csv``; the utility table: its runs), absent when this configuration does
@@ -48,7 +49,8 @@ def evaluate(
     ``published`` maps a table to the paper's numbers in the layout of ``<table>_cells.csv``
     (``reference_cells``); ``missing`` maps a table this configuration builds but whose file is
     absent to the reason; ``undefended``: every table's per-victim values, where the floor checks
-    find the undefended attacks."""
+    find the undefended attacks; ``training`` maps a table to its accuracy and PMM seed by seed
+    (``<table>_training.csv``)."""
     rows = []
     for claim in claims:
         frame = results.get(claim.check.table)
@@ -58,7 +60,8 @@ def evaluate(
             reason = f"{claim.check.table} is not built by this configuration"
             row = _row(claim, "not evaluated", reason=reason)
         else:
-            row = _row(claim, **evaluate_paired(claim, frame, undefended))
+            seeds = (training or {}).get(claim.check.table)
+            row = _row(claim, **evaluate_paired(claim, frame, undefended, seeds))
         paper = (published or {}).get(claim.check.table)
         if paper is not None:
             row["paper_verdict"] = _evaluate(claim, paper)["verdict"]

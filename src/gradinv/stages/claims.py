@@ -14,6 +14,7 @@ from gradinv.claims import (
     markdown,
     reference_cells,
     result_file,
+    training_file,
 )
 from gradinv.io import atomic_path
 from gradinv.stages.common import project_path
@@ -43,7 +44,12 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
         if t != UTILITY and (path := result_file(t, results_dir)).exists()
     ]
     undefended = pd.concat(victims, ignore_index=True) if victims else None
-    table = evaluate(claims, results, settings["scale"], published, missing, undefended)
+    training = {
+        table: pd.read_csv(path)
+        for table in built - {UTILITY}
+        if (path := training_file(table, results_dir)).exists()
+    }
+    table = evaluate(claims, results, settings["scale"], published, missing, undefended, training)
     write_csv(table, out_dir / "claims.csv")
     with atomic_path(out_dir / "claims.md") as tmp:
         tmp.write_text(markdown(table, settings["scale"]), encoding="utf-8")

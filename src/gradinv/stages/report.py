@@ -113,7 +113,7 @@ def run(
 
 def _training(
     spec: dict[str, Any], summaries: Sequence[Path], settings: dict[str, Any]
-) -> dict[str, dict[tuple[str, str], float | None]]:
+) -> dict[str, dict[tuple[str, str, str], tuple[dict[int, float], str]]]:
     """The table's metrics of scope ``training`` (accuracy, PMM) from the utility runs."""
     from gradinv.stages.utility import training_metrics
     from gradinv.tables.aggregate import metric_spec

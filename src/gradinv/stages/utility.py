@@ -40,6 +40,7 @@ RUN_COLUMNS = (
     "seed",
     "accuracy",
     "accuracy_spread",
+    "relative_accuracy",
     "round",
     "epsilon",
     "raw_gradient_rate",
@@ -109,7 +110,14 @@ def run_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFr
                 "scale": settings["scale"],
             }
         )
-    return pd.DataFrame.from_records(rows, columns=list(RUN_COLUMNS))
+    table = pd.DataFrame.from_records(rows, columns=list(RUN_COLUMNS))
+    # PMM run by run: the accuracy over no defense's at the same seed
+    reference = table[table["defense"] == REFERENCE].set_index("seed")["accuracy"]
+    table["relative_accuracy"] = [
+        a / reference[s] if s in reference.index and _finite(a) and reference[s] else None
+        for a, s in zip(table["accuracy"], table["seed"], strict=True)
+    ]
+    return table
 
 
 def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:
@@ -182,11 +190,11 @@ def describe(block: dict[str, Any]) -> str:
 
 def training_metrics(
     runs: list[dict[str, Any]], last: int
-) -> dict[str, dict[tuple[str, str, str], tuple[list[float], str]]]:
-    """The accuracy (%) and PMM of each (dataset, model, defense) over its seeds, as (the values
-    of the seeds that finished, why some are missing or ""), for the tables that show what a
-    defense costs (metrics of scope ``training``); PMM is the accuracy over the ``none`` run's
-    of the same dataset, model and seed."""
+) -> dict[str, dict[tuple[str, str, str], tuple[dict[int, float], str]]]:
+    """The accuracy (%) and PMM of each (dataset, model, defense) over its seeds, as ({seed:
+    value} of the seeds that finished, why some are missing or ""), for the tables that show
+    what a defense costs (metrics of scope ``training``); PMM is the accuracy over the ``none``
+    run's of the same dataset, model and seed."""
     by_key: dict[tuple[str, str, str], dict[int, float | None]] = {}
     why: dict[tuple[str, str, str], list[str]] = {}
     for s in runs:
@@ -199,14 +207,14 @@ def training_metrics(
             )
     accuracy, pmm = {}, {}
     for key, seeds in by_key.items():
-        done = [v for v in seeds.values() if v is not None]
+        done = {s: v for s, v in seeds.items() if v is not None}
         accuracy[key] = (done, "; ".join(why.get(key, [])))
         reference = by_key.get((key[0], key[1], REFERENCE), {})
-        ratios = [
-            seeds[s] / reference[s]
+        ratios = {
+            s: seeds[s] / reference[s]
             for s in seeds
             if seeds[s] is not None and reference.get(s) not in (None, 0)
-        ]
+        }
         missing = "" if ratios else "no finished run without defense at the same seed"
         pmm[key] = (ratios, "; ".join(filter(None, [*why.get(key, []), missing])))
     return {"accuracy": accuracy, "pmm": pmm}

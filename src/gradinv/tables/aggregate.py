@@ -111,6 +111,11 @@ def metric_spec(metric: str) -> MetricSpec:
     return METRICS[metric]
 
 
+def training_scope(metric: str) -> bool:
+    """Whether ``metric`` comes from the defenses' training runs (accuracy, PMM), not attacks."""
+    return metric in METRICS and METRICS[metric].scope == "training"
+
+
 def metric_header(metric: str) -> str:
     """``MSE↑``: the paper's column name with its arrow."""
     spec = metric_spec(metric)

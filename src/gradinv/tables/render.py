@@ -117,6 +117,30 @@ def _with_shared_attacks(
 
 
 VICTIM_COLUMNS = (*JOB_KEYS, "attack_label", "status")
+SEED_COLUMNS = ("dataset", "model", "defense", "seed")
+
+
+def seed_values(
+    training: Mapping[str, Mapping[tuple[str, str, str], tuple[Mapping[int, float], str]]],
+    shared: Mapping[str, tuple[str, str]],
+    defenses: Sequence[str],
+    datasets: Sequence[str],
+) -> pd.DataFrame:
+    """One line per (dataset, model, defense of the table, seed): the training metrics
+    (accuracy, PMM) of its FL run at that seed, a shared sweep point's from its base. What the
+    claims on a table's accuracy pair seed by seed; header only for a table that shows none."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for metric, values in training.items():
+        for (dataset, model, run), (seeds, _) in values.items():
+            shown = [d for d in defenses if shared.get(d, (d,))[0] == run]
+            for defense in shown if dataset in datasets else []:
+                for seed, value in seeds.items():
+                    key = (dataset, model, defense, seed)
+                    rows.setdefault(key, dict(zip(SEED_COLUMNS, key, strict=True)))[metric] = value
+    columns = [*SEED_COLUMNS, *training]
+    return pd.DataFrame.from_records(list(rows.values()), columns=columns).sort_values(
+        list(SEED_COLUMNS), kind="stable", ignore_index=True
+    )
 
 
 def victim_values(df: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
@@ -191,8 +215,8 @@ def render_table(
     trained = df["defense"].map(lambda d: shared[d][0] if d in shared else d)
     for metric, values in training.items():
         runs = [values[k] for k in zip(df["dataset"], df["model"], trained, strict=True)]
-        df[metric] = [sum(v) / len(v) if v else math.nan for v, _ in runs]
-        df[f"{metric}_seeds"] = [list(v) for v, _ in runs]  # one value per seed that finished
+        df[metric] = [sum(v.values()) / len(v) if v else math.nan for v, _ in runs]
+        df[f"{metric}_seeds"] = [list(v.values()) for v, _ in runs]  # each seed that finished
         df[f"{metric}_failure"] = [failure for _, failure in runs]
         df[unavailable_column(metric)] = False
     scales = _scales(df, setting)
@@ -218,6 +242,7 @@ def render_table(
         "vs_paper": out_dir / f"{name}_vs_paper.csv",
         "cells": out_dir / f"{name}_cells.csv",
         "victims": out_dir / f"{name}_victims.csv",
+        "training": out_dir / f"{name}_training.csv",
         "figure": out_dir / "figures" / f"{name}.png",
     }
     in_table = (
@@ -228,6 +253,7 @@ def render_table(
     write_csv(comparison, paths["vs_paper"])
     write_csv(long, paths["cells"])
     write_csv(victims, paths["victims"])
+    write_csv(seed_values(training, shared, defenses, datasets), paths["training"])
     scale = "embedded" if scaled_down else ", ".join(sorted(scales)) or "not recorded"
     caption = figure_caption(title or name, scale, paths["markdown"].name)
     if tradeoff is not None:
