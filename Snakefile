@@ -78,6 +78,7 @@ rule all:
         "results/fig7_accuracy.png",
         "results/table6_clients.csv",
         "results/utility.csv",
+        expand("results/utility_{recipe}.csv", recipe=config.get("recipes", {})),
         "results/claims.md",
         ["results/fig10_public.png"] if "fig10_public" in config["tables"] else [],
         ["results/frontier.png"] if "frontier_runs" in config["tables"] else [],

@@ -12,6 +12,7 @@ import yaml
 from gradinv.config import load, validate
 from gradinv.jobs import job_settings
 from gradinv.settings import ConfigError
+from gradinv.table_inputs import table_utility_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -344,6 +345,43 @@ def test_utility_jobs_train_with_the_studys_fl_and_keep_the_last_model():
     ]
     assert job["fl"]["batch_size"] == PARAMS["fl"]["batch_size"]  # the rest from `fl`
     assert job["partition"] == PARAMS["partition"] and job["defense"] == cfg["defenses"]["dp_sgd"]
+
+
+def test_a_papers_recipe_trains_its_runs_as_its_code_does():
+    """CVB's tables read runs trained as CVB's code trains (FedAvg, Adam, a local epoch), the
+    utility study its common FedSGD recipe; each recipe's report lists its own defenses."""
+    cfg = validate(copy.deepcopy(PARAMS))
+    key = {"dataset": "patches", "model": "vit", "defense": "cvb", "seed": "0"}
+    cvb = json.loads(job_settings(cfg, "utility_train", **key, recipe="cvb"))
+    own = PARAMS["recipes"]["cvb"]["fl"]
+    assert cvb["fl"]["protocol"] == "fedavg" and cvb["fl"]["client_optimizer"] == "adam"
+    assert cvb["fl"]["local_epochs"] == own["local_epochs"] == 1
+    assert cvb["fl"]["checkpoint_rounds"] == [own["rounds"]]
+    common = json.loads(job_settings(cfg, "utility_train", **key, recipe="common"))
+    assert common["fl"]["protocol"] == "fedsgd" and common["fl"] != cvb["fl"]
+    runs = table_utility_runs(cfg, "cvb_table5")
+    assert runs and all(r.startswith("results/utility/cvb/") for r in runs)
+    assert all(
+        r.startswith("results/utility/common/") for r in table_utility_runs(cfg, "refiner_fig6")
+    )
+    report = json.loads(job_settings(cfg, "utility_report", recipe="censor"))
+    assert report["utility"]["defenses"] == PARAMS["recipes"]["censor"]["defenses"]
+    assert report["fl"]["lr"] == 0.1 and "CENSOR's recipe" in report["utility"]["title"]
+    with pytest.raises(ConfigError, match=r"tables.cvb_table5.recipe: 'cbv' is not defined"):
+        validate(broken("tables.cvb_table5.recipe", "cbv"))
+    with pytest.raises(ConfigError, match=r"recipes.cvb.fl.momentum: a FedAvg client's setting"):
+        validate(
+            broken(
+                "recipes.cvb.fl",
+                {
+                    **own,
+                    "protocol": "fedsgd",
+                    "client_optimizer": "sgd",
+                    "local_epochs": 0,
+                    "momentum": 0.9,
+                },
+            )
+        )
 
 
 def test_the_official_loop_runs_without_partition_or_fl():

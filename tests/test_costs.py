@@ -107,8 +107,8 @@ def test_a_real_dry_run_is_read_into_rules_outputs_and_wildcards(utility_dry_run
         assert job.w["model"] == study["model"] and job.w["dataset"] == study["dataset"]
         run = f"{study['dataset']}/{study['model']}/{job.w['defense']}/seed{job.w['seed']}"
         assert job.output == (
-            f"results/utility/{run}/final.pt",
-            f"results/utility/{run}/summary.json",
+            f"results/utility/common/{run}/final.pt",
+            f"results/utility/common/{run}/summary.json",
         )
         assert job.benchmark.startswith("results/benchmarks/utility/")
         assert dag.producer[f"data/prepared/{study['dataset']}.pt"].jobid in dag.needs(
@@ -293,7 +293,7 @@ def utility_job(jobid, defense, model="cnn3"):
     return jobs.Job(
         jobid=jobid,
         rule="train_utility",
-        output=(f"results/utility/{run}/summary.json",),
+        output=(f"results/utility/common/{run}/summary.json",),
         benchmark=f"results/benchmarks/utility/{run}.tsv",
         wildcards=(("dataset", "patches"), ("model", model), ("defense", defense)),
     )

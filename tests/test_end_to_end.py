@@ -196,7 +196,7 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
     assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
     # the point at the base's value ran once, as the base, and is shown under its own name
-    assert (root / "results/utility/patches/cnn3/noise/seed0/summary.json").is_file()
+    assert (root / "results/utility/common/patches/cnn3/noise/seed0/summary.json").is_file()
     assert not list((root / "results").rglob("noise-std0.01"))
     assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
     assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}

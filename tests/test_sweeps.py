@@ -102,7 +102,7 @@ def test_a_sweep_point_at_its_bases_value_reads_the_bases_runs(base):
     assert "noise" in fig6 and "noise-std0.01" not in fig6
     assert len(fig6) == len(set(fig6))
     runs = table_utility_runs(base, "refiner_table5_beta")
-    assert "results/utility/patches/lenet/refiner_e01/seed0/summary.json" in runs
+    assert "results/utility/common/patches/lenet/refiner_e01/seed0/summary.json" in runs
     assert not any("refiner_e01-beta1/" in r for r in runs)
     # a block defined under its own name runs under it, whatever its settings
     assert "noise_1e2" not in shared and base["defenses"]["noise_1e2"]["std"] == 0.01
@@ -124,8 +124,8 @@ def test_a_table_over_several_models_reads_each_models_training_runs(base):
     assert table_models(base, "cvb_table5") == ["cnn3", "resnet18_gn", "vit"]
     assert table_models(base, "table1") == ["cnn3"]
     runs = table_utility_runs(base, "cvb_table5")
-    assert "results/utility/patches/vit/cvb/seed2/summary.json" in runs
-    assert "results/utility/patches/resnet18_gn/none/seed1/summary.json" in runs
+    assert "results/utility/cvb/patches/vit/cvb/seed2/summary.json" in runs  # CVB's recipe
+    assert "results/utility/cvb/patches/resnet18_gn/none/seed1/summary.json" in runs
 
 
 def test_an_undefined_model_in_a_list_is_named(base):

@@ -222,13 +222,15 @@ def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
     dp = table.set_index("defense").loc["dp_sgd"]
     assert 0 < dp["epsilon"] < float("inf")
     assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
-    summary = json.loads((root / "results/utility/patches/cnn3/cvb/seed1/summary.json").read_text())
+    summary = json.loads(
+        (root / "results/utility/common/patches/cnn3/cvb/seed1/summary.json").read_text()
+    )
     assert summary["seed"] == 1
     assert summary["status"] == "ok"
     from gradinv.io import load_tensors
 
     # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
-    saved = load_tensors(root / "results/utility/patches/cnn3/cvb/seed0/final.pt")
+    saved = load_tensors(root / "results/utility/common/patches/cnn3/cvb/seed0/final.pt")
     assert saved["model"]["extension"]["kind"] == "cvb"
     assert any("decoder" in k for k in saved["state"])
     md = (root / "results/utility.md").read_text()

@@ -159,7 +159,7 @@ def _cmd_report_convergence(a: argparse.Namespace) -> None:
 def _cmd_report_utility(a: argparse.Namespace) -> None:
     from gradinv.stages.utility import run
 
-    run(_settings(a.settings), [Path(p) for p in a.summaries], Path(a.out_dir))
+    run(_settings(a.settings), [Path(p) for p in a.summaries], Path(a.out_dir), a.name)
 
 
 def _cmd_claims(a: argparse.Namespace) -> None:
@@ -344,6 +344,9 @@ def parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--summaries", nargs="+", required=True)
     sp.add_argument("--out-dir", required=True)
+    sp.add_argument(
+        "--name", default="utility", help="utility, or utility_<recipe>: the files' stem"
+    )
 
     sp = verb(
         "report-public",

@@ -188,10 +188,24 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
                     f"attacks.{name}.{key}: {special[0]!r} is no layer pattern; the only one "
                     f"starting with @ is {STOCHASTIC!r} (the layers after a random draw)."
                 )
+    recipes = config.get("recipes", {})
+    for table, spec in config["tables"].items():
+        recipe = spec.get("recipe", "common")
+        if recipe != "common" and recipe not in recipes:
+            close = difflib.get_close_matches(recipe, recipes, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            fail(f"tables.{table}.recipe: {recipe!r} is not defined under recipes.{hint}")
+    for name, recipe in recipes.items():
+        unknown = [d for d in recipe["defenses"] if d not in config["defenses"]]
+        if unknown:
+            fail(f"recipes.{name}.defenses: {unknown[0]!r} is not defined under defenses.")
+        if "none" not in recipe["defenses"]:
+            fail(f"recipes.{name}.defenses: list none, the reference every other is relative to.")
     for where, settings in (
         ("fl", fl),
         ("utility.fl", merge(fl, config["utility"]["fl"])),
         ("convergence.fl", merge(fl, config["convergence"]["fl"])),
+        *((f"recipes.{n}.fl", merge(fl, r["fl"])) for n, r in recipes.items()),
     ):
         fedavg_only = {
             "client_optimizer": "sgd",

@@ -23,7 +23,7 @@ from gradinv.config import (
 )
 from gradinv.cross_checks import attack_generator
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
-from gradinv.table_inputs import claim_tables, table_utility_runs
+from gradinv.table_inputs import COMMON, claim_tables, table_utility_runs
 
 
 def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:
@@ -188,21 +188,31 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out["study"] = f"convergence k={w['k']}"
         return _dump(out)
     if stage == "utility_train":
-        # The train stage's settings with the utility study's FL setting and one final model.
-        out = json.loads(
-            job_settings(config, "train", **{k: v for k, v in w.items() if k != "seed"})
-        )
-        out["fl"] = utility_fl(config)
+        # The train stage's settings with a recipe's FL setting (the utility study's, or a
+        # paper's own), the run's seed and one final model.
+        run = {k: v for k, v in w.items() if k not in ("seed", "recipe")}
+        out = json.loads(job_settings(config, "train", **run))
+        recipe = w.get("recipe", COMMON)
+        out["fl"] = utility_fl(config, recipe)
         out["seed"] = int(w["seed"])  # the run's seed, one of utility.seeds
-        out["study"] = f"utility, seed {w['seed']}"
+        out["study"] = f"utility, recipe {recipe}, seed {w['seed']}"
         return _dump(out)
     if stage == "utility_report":
-        study = config["utility"]
+        recipe = w.get("recipe", COMMON)
+        study = dict(config["utility"])
+        if recipe != COMMON:  # a paper's recipe: its own defenses, label and source
+            own = config["recipes"][recipe]
+            study |= {
+                "defenses": own["defenses"],
+                "title": f"{study['title']}, under {own['label']}",
+                "recipe": own,
+            }
         return _dump(
             {
                 **common,
                 "utility": study,
-                "fl": utility_fl(config),
+                "recipe_name": recipe,
+                "fl": utility_fl(config, recipe),
                 "partition": config["partition"],
                 "defenses": {d: config["defenses"][d] for d in study["defenses"]},
             }
@@ -338,7 +348,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     elif stage == "table":
         table = config["tables"][w["table"]]
         if table_utility_runs(config, w["table"]):  # the table shows accuracy or PMM
-            out["utility"] = {"fl": utility_fl(config), **config["utility"]}
+            recipe = table.get("recipe", COMMON)
+            out["utility"] = {"fl": utility_fl(config, recipe), **config["utility"]}
         if "tradeoff" in table:  # its figure draws a line per sweep
             points = sweep_points(config)
             out["sweep_points"] = {d: points[d] for d in table["defenses"] if d in points}
@@ -378,9 +389,11 @@ def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, 
     return fl
 
 
-def utility_fl(config: dict[str, Any]) -> dict[str, Any]:
-    """``fl`` updated with ``utility.fl`` and a checkpoint after the last round only."""
-    fl = merge(config["fl"], config["utility"]["fl"])
+def utility_fl(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
+    """``fl`` updated with a recipe's (the common one: ``utility.fl``; a paper's:
+    ``recipes.<name>.fl``) and a checkpoint after the last round only."""
+    own = config["utility"]["fl"] if recipe == COMMON else config["recipes"][recipe]["fl"]
+    fl = merge(config["fl"], own)
     fl["checkpoint_rounds"] = [fl["rounds"]]
     return fl
 

@@ -14,6 +14,7 @@ from gradinv.config import table_batch_size, table_models, table_rounds, table_v
 from gradinv.sweeps import table_runs
 
 TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
+COMMON = "common"  # the utility study's recipe (utility.fl), the same for every defense
 
 
 def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
@@ -50,15 +51,17 @@ def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
 
 
 def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
-    """The utility study's training runs a table reads when it shows what its defenses cost
-    (metrics accuracy or pmm): one per dataset, model, run the table reads (a shared sweep
-    point's base) and seed (``utility.seeds``), and no defense's for PMM."""
+    """The training runs a table reads when it shows what its defenses cost (metrics accuracy or
+    pmm), under the table's ``recipe`` (default ``common``: the utility study's FL setting): one
+    per dataset, model, run the table reads (a shared sweep point's base) and seed
+    (``utility.seeds``), and no defense's for PMM."""
     spec = config["tables"][table]
     if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
         return []
     defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
+    recipe = spec.get("recipe", COMMON)
     return [
-        f"results/utility/{d}/{m}/{f}/seed{s}/summary.json"
+        f"results/utility/{recipe}/{d}/{m}/{f}/seed{s}/summary.json"
         for d in spec["datasets"]
         for m in table_models(config, table)
         for f in defenses
@@ -67,24 +70,25 @@ def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
 
 
 def claim_tables(config: dict[str, Any]) -> list[str]:
-    """The results a claim may be checked on: every attack table, and the utility table."""
-    return [*config["tables"], "utility"]
+    """The results a claim may be checked on: every attack table, the utility study (the
+    common recipe) and each paper's recipe's utility runs (``utility_<recipe>``)."""
+    return [*config["tables"], "utility", *(f"utility_{r}" for r in config.get("recipes", {}))]
 
 
 def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
     """The result files the claims in ``claims_file`` read, of the tables this config builds,
     and every attack table's per-victim values, where the floor checks find each undefended
     attack (:mod:`gradinv.claims.paired`)."""
-    from gradinv.claims import UTILITY, load_claims, result_file, training_file
+    from gradinv.claims import is_utility, load_claims, result_file, training_file
     from gradinv.tables.aggregate import training_scope
 
     claims = load_claims(claims_file)
     tables = {c.check.table for c in claims} & set(claim_tables(config))
-    tables |= {t for t in claim_tables(config) if t != UTILITY}
+    tables |= {t for t in claim_tables(config) if not is_utility(t)}
     seeded = {
         c.check.table
         for c in claims
         if c.check.metrics and all(training_scope(m) for m in c.check.metrics)
-    } & tables - {UTILITY}
+    } & {t for t in tables if not is_utility(t)}
     files = [result_file(t) for t in tables] + [training_file(t) for t in seeded]
     return sorted(str(f) for f in files)

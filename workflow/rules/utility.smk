@@ -1,9 +1,13 @@
-# The utility table (results/utility.csv): FL training runs per defense and seed with the study's
-# FL setting (params.yaml `utility`, merged over `fl`), on the main partition; the final test
-# accuracy over the seeds beside training without a defense (results/utility_runs.csv: each run). No attack involved. As in the convergence study,
-# the model after the last round is `final.pt`, a path independent of the number of rounds.
+# What the defenses cost in accuracy: FL training runs per defense and seed, under a recipe: the
+# utility study's (`common`: params.yaml `utility.fl` merged over `fl`, the same for every
+# defense) or a paper's own (`recipes.<name>.fl`: how its code trains). No attack involved. As in
+# the convergence study, the model after the last round is `final.pt`, a path independent of the
+# number of rounds. results/utility.csv: the common recipe's runs of `utility.defenses`, their
+# accuracy over the seeds beside training without a defense (results/utility_runs.csv: each
+# run); results/utility_<recipe>.csv: the same under a paper's recipe, for its `defenses`.
 
 UTILITY = config["utility"]
+RECIPES = config.get("recipes", {})
 
 
 rule train_utility:
@@ -12,8 +16,10 @@ rule train_utility:
         partition="data/partitions/{dataset}.json",
         assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
-        checkpoint="results/utility/{dataset}/{model}/{defense}/seed{seed}/final.pt",
-        summary="results/utility/{dataset}/{model}/{defense}/seed{seed}/summary.json",
+        checkpoint="results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/final.pt",
+        summary="results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/summary.json",
+    wildcard_constraints:
+        recipe="|".join(["common", *RECIPES]),
     params:
         settings=lambda w: job_settings(config, "utility_train", **w),
     threads: config["threads_per_job"]
@@ -25,24 +31,29 @@ rule train_utility:
     conda:
         "../../environment.yml"
     log:
-        "results/logs/utility/{dataset}/{model}/{defense}/seed{seed}.log",
+        "results/logs/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}.log",
     benchmark:
-        "results/benchmarks/utility/{dataset}/{model}/{defense}/seed{seed}.tsv"
+        "results/benchmarks/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}.tsv"
     shell:
         "gradinv train --settings {params.settings:q} --prepared-dir data/prepared "
         "--partition {input.partition} --checkpoints {output.checkpoint} "
         "--summary {output.summary} > {log} 2>&1"
 
 
+def utility_runs(recipe, defenses):
+    return expand(
+        "results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/summary.json",
+        recipe=recipe,
+        dataset=UTILITY["dataset"],
+        model=UTILITY["model"],
+        defense=defenses,
+        seed=UTILITY["seeds"],
+    )
+
+
 rule report_utility:
     input:
-        expand(
-            "results/utility/{dataset}/{model}/{defense}/seed{seed}/summary.json",
-            dataset=UTILITY["dataset"],
-            model=UTILITY["model"],
-            defense=UTILITY["defenses"],
-            seed=UTILITY["seeds"],
-        ),
+        utility_runs("common", UTILITY["defenses"]),
     output:
         csv="results/utility.csv",
         runs="results/utility_runs.csv",
@@ -55,4 +66,24 @@ rule report_utility:
         "results/logs/report/utility.log",
     shell:
         "gradinv report-utility --settings {params.settings:q} --summaries {input} "
-        "--out-dir results > {log} 2>&1"
+        "--out-dir results --name utility > {log} 2>&1"
+
+
+rule report_utility_recipe:
+    input:
+        lambda w: utility_runs(w.recipe, RECIPES[w.recipe]["defenses"]),
+    output:
+        csv="results/utility_{recipe}.csv",
+        runs="results/utility_{recipe}_runs.csv",
+        markdown="results/utility_{recipe}.md",
+    wildcard_constraints:
+        recipe="|".join(RECIPES) or "(?!)",
+    params:
+        settings=lambda w: job_settings(config, "utility_report", recipe=w.recipe),
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/report/utility_{recipe}.log",
+    shell:
+        "gradinv report-utility --settings {params.settings:q} --summaries {input} "
+        "--out-dir results --name utility_{wildcards.recipe} > {log} 2>&1"

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
+from gradinv.claims.spec import Check, Claim, ClaimError, is_utility
 from gradinv.stats import Interval, paired_seeds, paired_victims, verdict
 from gradinv.tables.aggregate import METRICS, training_scope
 from gradinv.tables.files import JOB_KEYS
@@ -64,12 +64,16 @@ def evaluate_paired(
     ``training``: the table's accuracy and PMM seed by seed (``<table>_training.csv``), what a
     check on those metrics pairs."""
     check = claim.check
-    if check.table != UTILITY and check.metrics and all(training_scope(m) for m in check.metrics):
+    if (
+        not is_utility(check.table)
+        and check.metrics
+        and all(training_scope(m) for m in check.metrics)
+    ):
         if training is None:
             return _result("not evaluated", [f"{check.table} has no training runs' values"])
         frame, seeds = training.assign(status="ok"), True
     else:
-        seeds = check.table == UTILITY
+        seeds = is_utility(check.table)
     tidy, pair_on = _tidy(check, frame, seeds)
     keys = {check.compare, *check.over, *check.where, *check.only_where}
     absent = [c for c in sorted(keys) if c not in tidy.columns]

@@ -18,7 +18,13 @@ from gradinv.settings import ConfigError
 from gradinv.tables.aggregate import METRICS
 
 RELATIONS = ("less", "greater", "better", "within", "not_below")
-UTILITY = "utility"  # results/utility.csv: one line per defense, its accuracy columns
+UTILITY = "utility"  # the utility study's runs (utility_runs.csv); utility_<recipe>: a recipe's
+
+
+def is_utility(table: str) -> bool:
+    """Whether a check reads training runs (``utility``, or ``utility_<recipe>``: the runs of a
+    paper's own recipe, params.yaml ``recipes``) rather than an attack table."""
+    return table == UTILITY or table.startswith(f"{UTILITY}_")
 
 
 class ClaimError(ConfigError):
@@ -89,11 +95,11 @@ def _claim(entry: Any, where: str) -> Claim:
         )
     metrics = tuple(check.get("metrics", ()))
     unknown = [m for m in metrics if m not in METRICS]
-    if unknown and check["table"] != UTILITY:
+    if unknown and not is_utility(check["table"]):
         raise ClaimError(
             f"{where}.check.metrics: unknown metric(s) {unknown}; known: {', '.join(METRICS)}."
         )
-    if check["relation"] == "better" and (not metrics or check["table"] == UTILITY):
+    if check["relation"] == "better" and (not metrics or is_utility(check["table"])):
         raise ClaimError(f"{where}.check: 'better' needs the metrics of an attack table.")
     expect = check.get("expect", "all")
     if not (expect == "all" or (isinstance(expect, float | int) and 0 < expect <= 1)):
@@ -139,7 +145,7 @@ def training_file(table: str, results: str | os.PathLike[str] = "results") -> Pa
 
 
 def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path:
-    """The file a check reads: an attack table's per-victim values, or the utility runs (one line
-    per defense and seed)."""
-    name = "utility_runs.csv" if table == UTILITY else f"{table}_victims.csv"
+    """The file a check reads: an attack table's per-victim values, or a utility study's runs
+    (one line per defense and seed)."""
+    name = f"{table}_runs.csv" if is_utility(table) else f"{table}_victims.csv"
     return Path(results) / name

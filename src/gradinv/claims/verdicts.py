@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from gradinv.claims.paired import GROUP_VERDICTS, evaluate_paired
-from gradinv.claims.spec import UTILITY, Check, Claim, ClaimError
+from gradinv.claims.spec import Check, Claim, ClaimError, is_utility
 from gradinv.tables.aggregate import METRICS
 
 VERDICTS = ("holds", "fails", "inconclusive", "undecidable", "not evaluated")
@@ -104,7 +104,7 @@ def _row(claim: Claim, verdict: str, **fields: Any) -> dict[str, Any]:
 
 def _tidy(check: Check, frame: pd.DataFrame) -> pd.DataFrame:
     """The frame as (group columns..., compare column, metric, value)."""
-    if check.table == UTILITY:
+    if is_utility(check.table):
         metrics = check.metrics or ("accuracy",)
         missing = [m for m in metrics if m not in frame.columns]
         if missing:
@@ -145,7 +145,7 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     for column, values in check.where.items():
         tidy = tidy[tidy[column].isin([_key(v) for v in values])]
     notes = []
-    if check.metrics and check.table != UTILITY:
+    if check.metrics and not is_utility(check.table):
         tidy, notes = _without_metrics_never_computed(check, tidy)
     if tidy.empty:
         reason = "; ".join([*notes, "no cell matches the check's metrics and 'where'"])

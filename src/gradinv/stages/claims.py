@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 
 from gradinv.claims import (
-    UTILITY,
     evaluate,
+    is_utility,
     load_claims,
     markdown,
     reference_cells,
@@ -41,12 +41,13 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
     victims = [
         pd.read_csv(path)
         for t in settings["tables"]
-        if t != UTILITY and (path := result_file(t, results_dir)).exists()
+        if not is_utility(t) and (path := result_file(t, results_dir)).exists()
     ]
     undefended = pd.concat(victims, ignore_index=True) if victims else None
     training = {
         table: pd.read_csv(path)
-        for table in built - {UTILITY}
+        for table in built
+        if not is_utility(table)
         if (path := training_file(table, results_dir)).exists()
     }
     table = evaluate(claims, results, settings["scale"], published, missing, undefended, training)

@@ -77,13 +77,17 @@ COLUMNS = (
 REFERENCE = "none"  # the row every other is relative to
 
 
-def run(settings: dict[str, Any], summaries: list[Path], out_dir: Path) -> None:
+def run(
+    settings: dict[str, Any], summaries: list[Path], out_dir: Path, name: str = "utility"
+) -> None:
+    """Write ``<name>.csv``, ``<name>_runs.csv`` and ``<name>.md`` (``utility``, or
+    ``utility_<recipe>`` for a paper's recipe)."""
     runs = [read_json(p) for p in summaries]
     per_run = run_table(runs, settings)
     table = utility_table(runs, settings)
-    write_csv(per_run, out_dir / "utility_runs.csv")
-    write_csv(table, out_dir / "utility.csv")
-    with atomic_path(out_dir / "utility.md") as tmp:
+    write_csv(per_run, out_dir / f"{name}_runs.csv")
+    write_csv(table, out_dir / f"{name}.csv")
+    with atomic_path(out_dir / f"{name}.md") as tmp:
         tmp.write_text(_markdown(table, runs, settings), encoding="utf-8")
 
 
@@ -286,6 +290,16 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
     lines = [f"# {study['title']}", ""]
     if settings["scale"] == "embedded":
         lines += [f"> **SCALED-DOWN run.** {study['scaled_down_note'].strip()}", ""]
+    recipe = study.get("recipe")
+    lines += (
+        [f"Recipe: **{recipe['label']}**, as {recipe['source']}.", ""]
+        if recipe
+        else [
+            "Recipe: the common one (`utility.fl`), the same FedSGD setting for every defense; "
+            "each paper's own recipe has its table (`utility_<recipe>.md`).",
+            "",
+        ]
+    )
     seeds = ", ".join(map(str, study["seeds"]))
     lines += [
         f"Test accuracy (%) after FL training under each defense, over the seeds {seeds} (the "
