@@ -27,7 +27,7 @@ from gradinv.jobs import (
     metric_assets,
 )
 from gradinv.sweeps import table_runs
-from gradinv.table_inputs import claim_inputs, table_files, table_utility_runs, table_victim_files
+from gradinv.table_inputs import claim_inputs, table_score_files, table_utility_runs
 from gradinv import pipeline
 
 pipeline.setup_environment(workflow.basedir)

@@ -40,7 +40,7 @@ class Stages:
         self.victim = root / "results/victims/patches/b1/victim0.pt"
         self.capture = root / f"results/captures/{run}/victim0.pt"
         self.attack = root / f"results/attacks/{run}/ig/victim0.pt"
-        self.metrics = root / f"results/metrics/{run}/ig/victim0.json"
+        self.scores = root / f"results/metrics/{run}/ig/v1.json"  # the cell's one victim
         self.floor = root / "data/floor/patches.pt"
 
     def settings(self, stage: str, **w: str) -> str:
@@ -161,24 +161,29 @@ class Stages:
                 "score",
                 "--settings",
                 self.settings("score", attack="ig"),
-                "--reconstruction",
+                "--reconstructions",
                 str(self.attack),
-                "--victim-file",
+                "--victim-files",
                 str(self.victim),
-                "--capture",
+                "--captures",
                 str(self.capture),
                 "--floor",
                 str(self.floor),
                 "--out",
-                str(self.metrics),
+                str(self.scores),
                 "--model",
                 "cnn3",
                 "--round",
                 self.w["round"],
-                "--victim",
-                "0",
             ]
         )
+
+    @property
+    def metrics(self) -> dict:
+        """Victim 0's record in the cell's score file."""
+        from gradinv.tables.files import read_records
+
+        return read_records(self.scores)[0]
 
     def all(self) -> None:
         for step in (

@@ -91,11 +91,11 @@ def test_the_regenerate_command_names_the_file(chain, capsys):
 def test_a_truncated_metrics_file_stops_the_table_by_name(chain):
     from gradinv.tables import collect
 
-    truncate(chain.metrics)
+    truncate(chain.scores)
     with pytest.raises(CorruptFileError) as err:
-        collect([chain.metrics])
-    assert f"{chain.metrics}: not valid JSON" in str(err.value)
-    assert f"Regenerate it with: rm -f {chain.metrics}" in str(err.value)
+        collect([chain.scores])
+    assert f"{chain.scores}: not valid JSON" in str(err.value)
+    assert f"Regenerate it with: rm -f {chain.scores}" in str(err.value)
 
 
 def test_a_changed_payload_fails_the_stored_digest(tmp_path):

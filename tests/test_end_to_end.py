@@ -11,6 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
+from gradinv.tables.files import read_records
 from test_workflow import snakemake, workflow_copy
 
 TINY = "tests/configs/tiny.yaml"
@@ -64,9 +65,7 @@ def test_tiny_end_to_end_run(tiny_run):
     assert shared["client"]["raw_gradient_shared"] is None  # not CENSOR: never recorded
     assert shared["update"]["meta"]["labels"] is None
     # Every result records the threat model as it ran and how fast the attack was.
-    metrics = json.loads(
-        (root / "results/metrics/patches/cnn3/censor/r0_b1/gi/victim0.json").read_text()
-    )
+    metrics = read_records(root / "results/metrics/patches/cnn3/censor/r0_b1/gi/v1.json")[0]
     assert metrics["threat_model"]["labels_from"] == "inferred: idlg"
     assert metrics["threat_model"]["eot"] == "off"
     assert metrics["restarts_layout"] == "batched"  # GI's 2 restarts on the small CNN (auto)
@@ -125,14 +124,12 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     assert imprinted["server"]["model"]["modification"]["kind"] == "imprint"
     honest = load_tensors(root / run.format("captures", "none") / "victim0.pt")
     assert honest["server"]["model"]["modification"] is None
-    metrics = json.loads(
-        (root / run.format("metrics", "none") / "imprint/victim0.json").read_text()
-    )
+    metrics = read_records(root / run.format("metrics", "none") / "imprint/v1.json")[0]
     assert metrics["threat_model"]["server"].startswith("malicious: imprint")
     # DCS²: the lone image is sensitive, one concealed sample joins it; only it is scored
     dcs = load_tensors(root / run.format("captures", "dcs2_plus") / "victim0.pt")
     assert dcs["update"]["meta"]["batch_size"] == 2 and dcs["client"]["sensitive"] == [0]
-    scored = json.loads((root / run.format("metrics", "dcs2_plus") / "ig/victim0.json").read_text())
+    scored = read_records(root / run.format("metrics", "dcs2_plus") / "ig/v1.json")[0]
     assert scored["scored_samples"] == [0] and len(scored["matching"]) == 1
     refined = load_tensors(root / run.format("captures", "refiner") / "victim0.pt")
     assert refined["client"]["defense"]["gradient_distance"] > 0

@@ -31,7 +31,7 @@ def test_diverged_training_fails_its_run_and_every_result_downstream(tmp_path, m
     assert load_tensors(s.checkpoints[0])["round"] == 0  # round 0 was reached and is real
     assert load_tensors(s.captured_checkpoint)["status"] == "failed"
     assert load_tensors(s.capture)["status"] == "failed"
-    row = read_json(s.metrics)
+    row = s.metrics
     assert row["status"] == "failed" and row["failure"].startswith("training failed: non-finite")
     assert row["psnr"] is None and row["seed"] == 0
     runs = _mlflow_runs(tmp_path / "mlflow.db")
@@ -50,7 +50,7 @@ def test_a_nan_in_the_shared_update_fails_the_attack(tmp_path, monkeypatch):
     capture["update"]["tensors"][name].view(-1)[0] = float("nan")
     save_tensors(s.capture, capture)
     assert s.run_attack() == 0 and s.score() == 0
-    row = read_json(s.metrics)
+    row = s.metrics
     assert row["status"] == "failed" and "non-finite attack loss" in row["failure"]
     status, reason = _mlflow_runs(tmp_path / "mlflow.db")[-1]
     assert status == "FAILED" and "non-finite attack loss" in reason

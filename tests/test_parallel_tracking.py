@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gradinv.io import load_tensors, read_json
+from gradinv.io import load_tensors
+from gradinv.tables.files import read_records
 from stages import Stages
 from test_workflow import run_target, workflow_copy
 
@@ -20,9 +21,10 @@ from test_workflow import run_target, workflow_copy
 def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
     root = workflow_copy(tmp_path)
     proc = run_target(root, "--cores", "4", "--configfile", "tests/configs/micro.yaml")
-    jobs = {  # the jobs that log a run: one summary per training job, one metrics file per score
+    scored = [r for p in (root / "results/metrics").rglob("*.json") for r in read_records(p)]
+    jobs = {  # what logs a run: one summary per training job, one record per scored victim
         "train": len(list((root / "results/train").rglob("summary.json"))),
-        "score": len(list((root / "results/metrics").rglob("*.json"))),
+        "score": len(scored),
     }
     with sqlite3.connect(root / "mlflow.db") as db:
         runs = db.execute(
@@ -57,7 +59,7 @@ def test_a_tracking_failure_is_reported_and_the_job_still_succeeds(tmp_path, mon
     blocker.write_text("a file where the store's folder should be")
     monkeypatch.setenv("GRADINV_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
     assert s.score() == 0  # the science job succeeds ...
-    row = read_json(s.metrics)
+    row = s.metrics
     assert row["status"] == "ok"  # ... and its result is on disk
     # beside the attack's values, the floor's: the public split's mean image on the same victim
     floor, victim = load_tensors(s.floor), load_tensors(s.victim)

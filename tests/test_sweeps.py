@@ -17,7 +17,12 @@ from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points
 from gradinv.stages.score import _success_rate
 from gradinv.sweeps import shared_runs, sweep_points, sweep_variant, table_runs
-from gradinv.table_inputs import table_files, table_utility_runs, table_victim_files
+from gradinv.table_inputs import (
+    table_files,
+    table_score_files,
+    table_utility_runs,
+    table_victim_files,
+)
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +293,13 @@ def test_an_adaptive_attack_with_nothing_to_adapt_to_reads_the_plain_attacks_run
     # the decoder-only Ignore attack names its layers: never read as another attack's
     cvb_attacks = base["tables"]["cvb_precode_ignore"]["attacks"]
     assert shared_attacks(base, "none", cvb_attacks) == {"ig_ignore": "ig"}
-    files = table_files(base, "frontier_runs", "metrics", "json")
+    files = table_files(base, "frontier_runs", "attacks", "pt")
     assert not [f for f in files if "/clipping/" in f and "/ig_eot/" in f]
     assert [f for f in files if "/noise/" in f and "/ig_eot/" in f]
     assert len(files) == len(set(files)) == len(table_victim_files(base, "frontier_runs"))
+    # scored a cell at a time: one file per cell of the table's victims
+    scores = table_score_files(base, "frontier_runs")
+    victims = base["tables"]["frontier_runs"]["victims"]
+    assert len(scores) * victims == len(files) and all(
+        s.endswith(f"/v{victims}.json") for s in scores
+    )

@@ -650,7 +650,7 @@ def test_an_adaptive_attack_read_from_the_plain_attacks_runs_is_a_column_of_its_
     assert cells.loc[("none", "ig_eot"), "mean"] == cells.loc[("none", "ig"), "mean"] == 20.5
     assert cells.loc[("none", "ig_eot"), "attack_label"] == "IG+EOT"
     assert cells.loc[("noise", "ig_eot"), "mean"] == 15.5  # an attack that adapts runs its own
-    assert "**metrics files**: 6" in out["markdown"].read_text(encoding="utf-8")
+    assert "**runs scored**: 6" in out["markdown"].read_text(encoding="utf-8")
 
 
 def test_a_figure_shows_the_first_scored_image_beside_the_reconstruction_matched_to_it():

@@ -120,13 +120,12 @@ def _cmd_score(a: argparse.Namespace) -> None:
 
     run(
         _settings(a.settings),
-        Path(a.reconstruction),
-        Path(a.victim_file),
-        Path(a.capture),
+        [Path(p) for p in a.reconstructions],
+        [Path(p) for p in a.victim_files],
+        [Path(p) for p in a.captures],
         Path(a.out),
         model=a.model,
         round=a.round,
-        victim=a.victim,
         floor=Path(a.floor),
     )
 
@@ -137,8 +136,6 @@ def _cmd_report(a: argparse.Namespace) -> None:
     run(
         _settings(a.settings),
         [Path(p) for p in a.metrics],
-        [Path(p) for p in a.reconstructions],
-        [Path(p) for p in a.victims],
         Path(a.out_dir),
         summaries=[Path(p) for p in a.summaries],
     )
@@ -189,14 +186,7 @@ def _cmd_frontier(a: argparse.Namespace) -> None:
 def _cmd_report_public(a: argparse.Namespace) -> None:
     from gradinv.stages.public import run
 
-    run(
-        _settings(a.settings),
-        [Path(p) for p in a.metrics],
-        [Path(p) for p in a.reconstructions],
-        [Path(p) for p in a.victims],
-        Path(a.prepared_dir),
-        Path(a.out_dir),
-    )
+    run(_settings(a.settings), [Path(p) for p in a.metrics], Path(a.prepared_dir), Path(a.out_dir))
 
 
 def _cmd_tracking_init(a: argparse.Namespace) -> None:
@@ -302,21 +292,19 @@ def parser() -> argparse.ArgumentParser:
     sp = verb("fetch-generator", _cmd_fetch_generator, "fetch and verify published weights")
     sp.add_argument("--out", required=True)
 
-    sp = verb("score", _cmd_score, "score a reconstruction and log the attack run")
-    sp.add_argument("--reconstruction", required=True)
-    sp.add_argument("--victim-file", required=True)
+    sp = verb("score", _cmd_score, "score a cell's reconstructions and log the attack runs")
+    sp.add_argument("--reconstructions", nargs="+", required=True, help="victim 0, 1, ...")
+    sp.add_argument("--victim-files", nargs="+", required=True, help="the same victims' batches")
+    sp.add_argument("--captures", nargs="+", required=True, help="their captures (client side)")
     sp.add_argument("--out", required=True)
     sp.add_argument("--model", required=True)
     sp.add_argument("--round", type=int, required=True)
-    sp.add_argument("--victim", type=int, required=True)
-    sp.add_argument("--capture", required=True, help="the capture (client-side diagnostics)")
     sp.add_argument("--floor", required=True, help="the floor image (gradinv floor)")
 
     def table_inputs(sp: argparse.ArgumentParser) -> None:
-        """The per-victim files a table's report reads, and where it writes."""
+        """The score files a table's report reads (each record names its reconstruction and
+        private batch), and where it writes."""
         sp.add_argument("--metrics", nargs="+", required=True)
-        sp.add_argument("--reconstructions", nargs="+", required=True)
-        sp.add_argument("--victims", nargs="+", required=True)
         sp.add_argument("--out-dir", required=True)
 
     sp = verb("report", _cmd_report, "render a paper table from metric files")

@@ -18,7 +18,7 @@ COMMON = "common"  # the utility study's recipe (utility.fl), the same for every
 
 
 def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
-    """Every per-victim file of ``stage`` (attacks, metrics) that table ``table`` reads: each
+    """Every per-victim file of ``stage`` (attacks, captures) that table ``table`` reads: each
     (dataset, model, run, round, attack run, victim) once. A sweep point at its base's value
     reads the base's runs (:func:`gradinv.sweeps.table_runs`), an adaptive attack with nothing
     to adapt to against a defense the plain attack's (:func:`gradinv.adaptive.attack_runs`)."""
@@ -26,6 +26,17 @@ def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> lis
         f"results/{stage}/{d}/{m}/{run}/r{r}_b{bs}/{a}/victim{v}.{ext}"
         for d, m, run, r, bs, a, v in _table_runs(config, table)
     ]
+
+
+def table_score_files(config: dict[str, Any], table: str) -> list[str]:
+    """The scores a table reads: one file per cell (dataset, model, run, round, attack run)
+    holding its first n victims' records, n the table's victims (``v{n}.json``); each once."""
+    n = table_victims(config, table)
+    cells = dict.fromkeys(
+        f"results/metrics/{d}/{m}/{run}/r{r}_b{bs}/{a}/v{n}.json"
+        for d, m, run, r, bs, a, _ in _table_runs(config, table)
+    )
+    return list(cells)
 
 
 def table_victim_files(config: dict[str, Any], table: str) -> list[str]:

@@ -21,27 +21,27 @@ rule attack:
         "{params.generator} > {log} 2>&1"
 
 
+# One job scores a cell's first n victims (a table of n victims reads v{n}.json): scoring takes far
+# less than starting a process that imports torch, so a job per victim would mostly start up.
 rule score:
     input:
-        reconstruction=f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
-        victim="results/victims/{dataset}/b{bs}/victim{victim}.pt",
-        capture=lambda w: capture_file(config, w),
+        reconstructions=lambda w: cell_files(w, f"results/attacks/{RUN}/{{attack}}/victim{{v}}.pt"),
+        victims=lambda w: cell_files(w, "results/victims/{dataset}/b{bs}/victim{v}.pt"),
+        captures=lambda w: cell_captures(w),
         floor="data/floor/{dataset}.pt",
         assets=lambda w: metric_assets(config, w.dataset),  # noise_ratio's network
     output:
-        f"results/metrics/{RUN}/{{attack}}/victim{{victim}}.json",
+        f"results/metrics/{RUN}/{{attack}}/v{{n}}.json",
     params:
         settings=lambda w: job_settings(config, "score", **w),
     threads: config["threads_per_job"]
     conda:
         "../../environment.yml"
     log:
-        f"results/logs/score/{RUN}/{{attack}}/victim{{victim}}.log",
+        f"results/logs/score/{RUN}/{{attack}}/v{{n}}.log",
     benchmark:
-        f"results/benchmarks/score/{RUN}/{{attack}}/victim{{victim}}.tsv"
+        f"results/benchmarks/score/{RUN}/{{attack}}/v{{n}}.tsv"
     shell:
-        "gradinv score --settings {params.settings:q} --reconstruction {input.reconstruction} "
-        "--victim-file {input.victim} --capture {input.capture} --floor {input.floor} "
-        "--out {output} "
-        "--model {wildcards.model} "
-        "--round {wildcards.round} --victim {wildcards.victim} > {log} 2>&1"
+        "gradinv score --settings {params.settings:q} --reconstructions {input.reconstructions} "
+        "--victim-files {input.victims} --captures {input.captures} --floor {input.floor} "
+        "--out {output} --model {wildcards.model} --round {wildcards.round} > {log} 2>&1"

@@ -1,5 +1,7 @@
 # Path patterns and the input lists the report rule needs. No other logic lives here.
 
+from types import SimpleNamespace
+
 wildcard_constraints:
     dataset=r"[A-Za-z0-9_-]+",
     model=r"[A-Za-z0-9_-]+",
@@ -8,6 +10,7 @@ wildcard_constraints:
     round=r"\d+",
     bs=r"\d+",
     victim=r"\d+",
+    n=r"\d+",
 
 
 RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
@@ -17,14 +20,17 @@ RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
 GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
 
 
-def table_jobs(table, stage, ext):
-    """Every per-victim file of `stage` that table `table` aggregates."""
-    return table_files(config, table, stage, ext)
+def cell_files(w, pattern):
+    """A cell's file of each of its first n victims (the score rule's wildcard n)."""
+    return [pattern.format(**dict(w.items()), v=v) for v in range(int(w.n))]
 
 
-def table_victims_files(table):
-    """The private batch behind each entry of table_jobs (same order)."""
-    return table_victim_files(config, table)
+def cell_captures(w):
+    """The capture behind each of a cell's first n victims."""
+    return [
+        capture_file(config, SimpleNamespace(**dict(w.items()), victim=str(v)))
+        for v in range(int(w.n))
+    ]
 
 
 def convergence_runs(defenses, clients):
@@ -34,6 +40,19 @@ def convergence_runs(defenses, clients):
         f"results/convergence/{conv['dataset']}/{conv['model']}/{{defense}}/k{{k}}/summary.json",
         defense=defenses,
         k=clients,
+    )
+
+
+def utility_runs(recipe, defenses):
+    """The utility study's runs of `defenses` under `recipe` (common, or a paper's), every seed."""
+    study = config["utility"]
+    return expand(
+        "results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/summary.json",
+        recipe=recipe,
+        dataset=study["dataset"],
+        model=study["model"],
+        defense=defenses,
+        seed=study["seeds"],
     )
 
 

@@ -2,9 +2,7 @@ rule report:
     wildcard_constraints:
         table="|".join(config["tables"]),
     input:
-        metrics=lambda w: table_jobs(w.table, "metrics", "json"),
-        reconstructions=lambda w: table_jobs(w.table, "attacks", "pt"),
-        victims=lambda w: table_victims_files(w.table),
+        metrics=lambda w: table_score_files(config, w.table),  # each record names its files
         summaries=lambda w: table_utility_runs(config, w.table),  # accuracy, PMM
     output:
         csv="results/{table}.csv",
@@ -25,7 +23,6 @@ rule report:
         "results/benchmarks/report/{table}.tsv"
     shell:
         "gradinv report --settings {params.settings:q} --metrics {input.metrics} "
-        "--reconstructions {input.reconstructions} --victims {input.victims} "
         "--summaries {input.summaries} --out-dir results > {log} 2>&1"
 
 
@@ -34,9 +31,7 @@ if "fig10_public" in config["tables"]:
     rule report_public:
         # CENSOR's Fig. 10: reconstructions under directions drawn from one public class.
         input:
-            metrics=table_jobs("fig10_public", "metrics", "json"),
-            reconstructions=table_jobs("fig10_public", "attacks", "pt"),
-            victims=table_victims_files("fig10_public"),
+            metrics=table_score_files(config, "fig10_public"),
             data=expand("data/prepared/{d}.pt", d=config["tables"]["fig10_public"]["datasets"]),
         output:
             figure="results/fig10_public.png",
@@ -49,7 +44,6 @@ if "fig10_public" in config["tables"]:
             "results/logs/report/fig10_public.log",
         shell:
             "gradinv report-public --settings {params.settings:q} --metrics {input.metrics} "
-            "--reconstructions {input.reconstructions} --victims {input.victims} "
             "--prepared-dir data/prepared --out-dir results > {log} 2>&1"
 
 

@@ -6,7 +6,6 @@
 # accuracy over the seeds beside training without a defense (results/utility_runs.csv: each
 # run); results/utility_<recipe>.csv: the same under a paper's recipe, for its `defenses`.
 
-UTILITY = config["utility"]
 RECIPES = config.get("recipes", {})
 
 
@@ -40,20 +39,9 @@ rule train_utility:
         "--summary {output.summary} > {log} 2>&1"
 
 
-def utility_runs(recipe, defenses):
-    return expand(
-        "results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/summary.json",
-        recipe=recipe,
-        dataset=UTILITY["dataset"],
-        model=UTILITY["model"],
-        defense=defenses,
-        seed=UTILITY["seeds"],
-    )
-
-
 rule report_utility:
     input:
-        utility_runs("common", UTILITY["defenses"]),
+        utility_runs("common", config["utility"]["defenses"]),
     output:
         csv="results/utility.csv",
         runs="results/utility_runs.csv",

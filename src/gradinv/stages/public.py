@@ -16,17 +16,16 @@ import torch
 
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
-from gradinv.io import load_tensors, read_json
-from gradinv.stages.common import first_scored_pair
+from gradinv.io import load_tensors
+from gradinv.stages.common import first_scored_pair, project_path
 from gradinv.tables import GridEntry, reconstruction_grid, write_csv
 from gradinv.tables.figures import figure_caption
+from gradinv.tables.files import scored_runs
 
 
 def run(
     settings: dict[str, Any],
     metric_files: list[Path],
-    reconstructions: list[Path],
-    victims: list[Path],
     prepared_dir: Path,
     out_dir: Path,
 ) -> None:
@@ -40,8 +39,9 @@ def run(
     cfg = defense_settings(block["kind"], method_settings(block), where)  # with its defaults
     rows, entries, nearest = [], [], {}
     pools: dict[str, torch.Tensor] = {}
-    for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
-        row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
+    for row in scored_runs(metric_files):
+        rec = load_tensors(project_path(row["reconstruction"]))
+        secret = load_tensors(project_path(row["victim_file"]))
         dataset = row["dataset"]
         if dataset not in pools:
             ds = load_prepared(dataset, prepared_dir)

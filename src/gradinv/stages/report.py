@@ -12,19 +12,19 @@ from gradinv.io import load_tensors, read_json
 from gradinv.stages.common import first_scored_pair, project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
+from gradinv.tables.files import scored_runs
 from gradinv.tables.render import Sweep, Tradeoff
 
 
 def run(
     settings: dict[str, Any],
     metric_files: list[Path],
-    reconstructions: list[Path],
-    victims: list[Path],
     out_dir: Path,
     summaries: Sequence[Path] = (),
 ) -> None:
-    """Render the table; ``summaries`` are the defenses' FL training runs (the utility study's),
-    read when the table shows what a defense costs (accuracy, PMM)."""
+    """Render the table from its cells' score files (each record names the reconstruction and
+    private batch it scored); ``summaries`` are the defenses' FL training runs (the utility
+    study's), read when the table shows what a defense costs (accuracy, PMM)."""
     spec = settings["table"]
     name = settings["table_name"]
     rounds, n_victims = settings["rounds"], settings["victims"]
@@ -98,8 +98,6 @@ def run(
             shown_attacks.setdefault((run, attacks.get(a, a)), []).append(attack_labels[a])
     _grid(
         metric_files,
-        reconstructions,
-        victims,
         out_dir / "figures" / f"{name}_grid.png",
         rounds,
         several_models=len(models) > 1,
@@ -181,8 +179,6 @@ def _tradeoff(x: str | None, settings: dict[str, Any]) -> Tradeoff | None:
 
 def _grid(
     metric_files: list[Path],
-    reconstructions: list[Path],
-    victims: list[Path],
     out: Path,
     rounds: list[int],
     *,
@@ -196,8 +192,9 @@ def _grid(
     ``shown`` gives the labels a defense's runs appear under (a shared run: several), and
     ``shown_attacks`` those a (defense run, attack run)'s appear under."""
     entries = []
-    for m, r, v in zip(metric_files, reconstructions, victims, strict=True):
-        row, rec, secret = read_json(m), load_tensors(r), load_tensors(v)
+    for row in scored_runs(metric_files):
+        rec = load_tensors(project_path(row["reconstruction"]))
+        secret = load_tensors(project_path(row["victim_file"]))
         original, reconstruction = first_scored_pair(row, rec, secret)
         attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])
         for label, attack_label in itertools.product(

@@ -1,9 +1,10 @@
-"""Stage: score one reconstruction against the victim's private batch; log the attack run.
+"""Stage: score a cell's reconstructions against its victims' private batches; log the attacks.
 
-This is the only stage that reads the private batch, and only to measure. It writes one flat
-metrics file (the table's sole input) and mirrors the attack run to MLflow for browsing. Beside
-the attack's values it scores the floor (:mod:`gradinv.stages.floor`, the public split's mean
-image) against the same originals, under ``floor``.
+This is the only stage that reads the private batch, and only to measure. One job scores every
+victim of a cell (a dataset, model, defense, round, batch size and attack) and writes their flat
+records to one file (the table's sole input), and mirrors each attack run to MLflow for
+browsing. Beside the attack's values it scores the floor (:mod:`gradinv.stages.floor`, the public
+split's mean image) against the same originals, under ``floor``.
 """
 
 from __future__ import annotations
@@ -23,26 +24,59 @@ TRACKED = ("mse", "psnr", "ssim", "lpips", "noise_ratio", "label_accuracy")
 
 def run(
     settings: dict[str, Any],
-    reconstruction: Path,
-    victim_path: Path,
-    capture_path: Path,
+    reconstructions: list[Path],
+    victim_files: list[Path],
+    captures: list[Path],
     out: Path,
     *,
     model: str,
     round: int,
-    victim: int,
     floor: Path | None = None,
 ) -> None:
-    """``floor``: the public split's mean image (:mod:`gradinv.stages.floor`), scored against
-    the same originals with the same metrics (``row["floor"]``); None leaves it out."""
+    """Score one cell's victims (victim v: ``reconstructions[v]``, ``victim_files[v]``,
+    ``captures[v]``) in one process and write their records to ``out``, ``{"runs": [...]}``:
+    one job per cell rather than per victim, since scoring takes far less time than starting a
+    process that imports torch. ``floor``: the public split's mean image
+    (:mod:`gradinv.stages.floor`), scored against the same originals with the same metrics
+    (each record's ``floor``); None leaves it out."""
     setup(settings)
-    rec = load_tensors(reconstruction)
-    secret = load_tensors(victim_path)
+    if not len(reconstructions) == len(victim_files) == len(captures):
+        raise ValueError(
+            f"a cell's victims need one reconstruction, victim file and capture each; got "
+            f"{len(reconstructions)}, {len(victim_files)} and {len(captures)}"
+        )
     metric_cfg = dict(settings["metrics"])
     names = metric_cfg.pop("names")
     metric_settings = resolve_evaluation_network(  # noise_ratio: the dataset's own network
         from_mapping(MetricSettings, metric_cfg, where="metrics"), settings["dataset"]
     )
+    floor_image = None if floor is None else load_tensors(floor)["image"]
+    rows = []
+    for victim, paths in enumerate(zip(reconstructions, victim_files, captures, strict=True)):
+        row, rec, secret = score_run(
+            settings, *paths, names, metric_settings, model, round, victim, floor_image
+        )
+        rows.append(row)
+        _track(settings, row, rec, secret)
+    write_json(out, {"runs": rows})
+
+
+def score_run(
+    settings: dict[str, Any],
+    reconstruction: Path,
+    victim_path: Path,
+    capture_path: Path,
+    names: list[str],
+    metric_settings: MetricSettings,
+    model: str,
+    round: int,
+    victim: int,
+    floor_image: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One victim's record (the flat metrics a table reads), its reconstruction and its private
+    batch."""
+    rec = load_tensors(reconstruction)
+    secret = load_tensors(victim_path)
     defense, attack = settings["defense"], settings["attack"]
     summary = rec.get("summary", {})
     row: dict[str, Any] = {
@@ -59,6 +93,9 @@ def run(
         "round": round,
         "batch_size": len(secret["labels"]),
         "victim": victim,
+        # the files behind the record: the figures draw the pair it scored
+        "reconstruction": str(reconstruction),
+        "victim_file": str(victim_path),
         "status": rec["status"],
         "failure": rec["failure"],
         # What the attacker knew: the threat model, and the layers whose gradients it matched.
@@ -97,8 +134,8 @@ def run(
         row[name] = scores.get(name)
     # The floor: what an image knowing nothing of the victim scores on the same originals
     # (label accuracy, match and the like say nothing of it)
-    if floor is not None and len(originals):
-        uninformed = load_tensors(floor)["image"].expand_as(originals).contiguous()
+    if floor_image is not None and len(originals):
+        uninformed = floor_image.expand_as(originals).contiguous()
         floor_scores = score(
             uninformed,
             originals,
@@ -131,8 +168,7 @@ def run(
             row[f"{name}_status"] = scores.get(f"{name}_status", why)
     row["label_accuracy"] = scores.get("label_accuracy")
     row["matching"] = scores.get("matching")
-    write_json(out, row)
-    _track(settings, row, rec, secret)
+    return row, rec, secret
 
 
 def _track(

@@ -68,12 +68,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _read_one(path: Path, metrics: Sequence[str]) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
-    except json.JSONDecodeError as err:
-        raise MetricsFileError(f"{path}: not valid JSON ({err}).{regenerate_hint(path)}") from err
+def _check_record(path: Path, record: Any, metrics: Sequence[str]) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise MetricsFileError(
             f"{path}: expected a JSON object, found {type(record).__name__}.{regenerate_hint(path)}"
@@ -97,6 +92,25 @@ def _read_one(path: Path, metrics: Sequence[str]) -> dict[str, Any]:
     return record
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one score file: a cell's (``{"runs": [one record per victim]}``, what the
+    score stage writes) or a single flat record."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
+    except json.JSONDecodeError as err:
+        raise MetricsFileError(f"{path}: not valid JSON ({err}).{regenerate_hint(path)}") from err
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        return data["runs"]
+    return [data]
+
+
+def scored_runs(paths: Iterable[str | os.PathLike[str]]) -> Iterable[dict[str, Any]]:
+    """Every record of the score files ``paths``, in order."""
+    for path in paths:
+        yield from read_records(Path(path))
+
+
 def collect(
     paths: Iterable[str | os.PathLike[str]], *, metrics: Sequence[str] = DEFAULT_METRICS
 ) -> pd.DataFrame:
@@ -114,8 +128,8 @@ def collect(
         raise MetricsFileError("no metrics files given: a table of nothing is a workflow bug.")
     records = []
     seen: dict[tuple[Any, ...], Path] = {}
-    for path in paths:
-        record = _read_one(path, metrics)
+    for path, record in ((p, r) for p in paths for r in read_records(p)):
+        record = _check_record(path, record, metrics)
         job = tuple(record[k] for k in JOB_KEYS)
         if job in seen:
             raise MetricsFileError(
@@ -131,7 +145,7 @@ def collect(
             row[metric] = math.nan if value is None else float(value)
             below = floor.get(metric)
             row[floor_column(metric)] = math.nan if not _is_number(below) else float(below)
-        row["source"] = str(path)
+        row["source"] = f"{path}#victim{record['victim']}"
         records.append(row)
     df = pd.DataFrame.from_records(records)
     return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)

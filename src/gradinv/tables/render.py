@@ -154,7 +154,7 @@ def victim_values(df: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
 
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
     """What the files themselves say produced them, appended to the caller's setting."""
-    out = {"metrics files": str(df["source"].nunique())}  # a shared run's rows: one file
+    out = {"runs scored": str(df["source"].nunique())}  # a shared run's rows: one run
     for key in ("git_commit", "config_hash", "data_sha256"):
         if key in df.columns:
             values = sorted({str(v) for v in df[key].dropna()})
