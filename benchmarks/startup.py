@@ -1,0 +1,149 @@
+"""How much of ``snakemake all``'s job-time is process start-up, at two commits side by side.
+
+    python benchmarks/startup.py --before REV [--after REV] [--repeats 7]
+        [--job-seconds-before S --job-seconds-after S | --benchmarks-before DIR ...]
+
+Every job of the pipeline is a process that starts Python and imports torch and the stage it
+runs before it does any work. This script measures that start-up per rule (the median wall time,
+over ``--repeats`` runs, of a process that imports the rule's stage module and exits, with one
+thread, as a job runs) and counts each rule's jobs in ``snakemake -n --forceall all`` at each of
+two commits (each checked out in a temporary git worktree and read with its own ``src`` first on
+``PYTHONPATH``), both measured in this one run on this machine. The start-up job-seconds of a
+commit are the sum over its jobs of their rule's start-up.
+
+The share needs the job-time of ``all`` at that commit: ``--job-seconds-*`` (the sum of a
+measured run's job seconds) or ``--benchmarks-*`` (a measured run's ``results/benchmarks``
+folder, whose ``s`` columns are summed). Without them the script prints the start-up
+job-seconds and the job counts alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from jobs import Dag, dry_run, parse_dry_run  # noqa: E402
+
+# The stage module each rule's `gradinv` verb imports (rules that run no process: none).
+STAGES = {
+    "prepare_data": "gradinv.stages.prepare",
+    "partition_data": "gradinv.stages.prepare",
+    "partition_convergence": "gradinv.stages.prepare",
+    "select_victim": "gradinv.stages.capture",
+    "floor": "gradinv.stages.floor",
+    "train_generator": "gradinv.stages.generator",
+    "fetch_generator": "gradinv.stages.generator",
+    "train_evalnet": "gradinv.stages.evalnet",
+    "train": "gradinv.stages.train",
+    "train_utility": "gradinv.stages.train",
+    "train_convergence": "gradinv.stages.train",
+    "train_convergence_official": "gradinv.stages.train",
+    "capture": "gradinv.stages.capture",
+    "capture_malicious": "gradinv.stages.capture",
+    "attack": "gradinv.stages.attack",
+    "score": "gradinv.stages.score",
+    "report": "gradinv.stages.report",
+    "report_public": "gradinv.stages.public",
+    "report_frontier": "gradinv.stages.frontier",
+    "report_convergence": "gradinv.stages.convergence",
+    "report_utility": "gradinv.stages.utility",
+    "report_utility_recipe": "gradinv.stages.utility",
+    "client_time": "gradinv.stages.client_time",
+    "report_client_time": "gradinv.stages.client_time",
+    "claims": "gradinv.stages.claims",
+}
+
+
+def startup_seconds(module: str, repeats: int, src: Path) -> float:
+    """The median wall seconds of a one-thread process that imports ``module`` and exits."""
+    env = os.environ | {
+        "PYTHONPATH": str(src),
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def job_counts(rev: str) -> dict[str, int]:
+    """Each rule's jobs in ``snakemake -n --forceall all`` at ``rev``, read in a worktree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT, check=True
+        )
+        try:
+            env_src = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = str(tree / "src")
+            try:
+                dag = Dag(parse_dry_run(dry_run(cwd=tree)))
+            finally:
+                if env_src is None:
+                    os.environ.pop("PYTHONPATH", None)
+                else:
+                    os.environ["PYTHONPATH"] = env_src
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True
+            )
+    counts: dict[str, int] = {}
+    for job in dag.jobs:
+        counts[job.rule] = counts.get(job.rule, 0) + 1
+    return counts
+
+
+def benchmark_seconds(folder: Path) -> float:
+    """The sum of the ``s`` column over a run's benchmark files (each job's median row)."""
+    total = 0.0
+    for path in folder.rglob("*.tsv"):
+        with open(path, newline="") as f:
+            rows = [float(r["s"]) for r in csv.DictReader(f, delimiter="\t") if r.get("s")]
+        if rows:
+            total += statistics.median(rows)
+    return total
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="the commit before the change")
+    parser.add_argument("--after", default="HEAD")
+    parser.add_argument("--repeats", type=int, default=7)
+    for side in ("before", "after"):
+        parser.add_argument(f"--job-seconds-{side}", type=float)
+        parser.add_argument(f"--benchmarks-{side}", type=Path)
+    a = parser.parse_args(argv)
+    counts = {side: job_counts(getattr(a, side)) for side in ("before", "after")}
+    rules = sorted(set(counts["before"]) | set(counts["after"]))
+    startup = {r: startup_seconds(STAGES[r], a.repeats, ROOT / "src") for r in rules if r in STAGES}
+    print("| rule | start-up (s, median) | jobs before | jobs after |")
+    print("|---|---:|---:|---:|")
+    for r in rules:
+        s = f"{startup[r]:.2f}" if r in startup else "none (no process)"
+        print(f"| {r} | {s} | {counts['before'].get(r, 0)} | {counts['after'].get(r, 0)} |")
+    for side in ("before", "after"):
+        jobs = sum(counts[side].values())
+        spent = sum(startup.get(r, 0.0) * n for r, n in counts[side].items())
+        total = getattr(a, f"job_seconds_{side}")
+        if total is None and getattr(a, f"benchmarks_{side}") is not None:
+            total = benchmark_seconds(getattr(a, f"benchmarks_{side}"))
+        share = f", {100 * spent / total:.1f}% of {total / 3600:.1f} job-hours" if total else ""
+        rev = getattr(a, side)
+        print(f"{side} ({rev}): {jobs} jobs, start-up {spent / 3600:.2f} job-hours{share}")
+
+
+if __name__ == "__main__":
+    main()
