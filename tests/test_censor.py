@@ -588,10 +588,12 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
     monkeypatch.setattr(public, "load_prepared", lambda name, _dir: prepared)
     pool = prepared.val_batch([3, 4, 5])[0]
     original = prepared.val_batch([0])[0]
-    files = {"metrics": [], "reconstructions": [], "victims": []}
+    metrics = []
     # the public defense's reconstruction is a public image; no defense's is the original
     for defense, image in (("none", original[0]), ("censor_public", pool[1])):
         run = tmp_path / defense
+        save_tensors(run / "attack.pt", {"status": "ok", "images": image[None]})
+        save_tensors(run / "victim.pt", {"images": original})
         row = {
             "dataset": "patches",
             "dataset_label": "Patches",
@@ -601,12 +603,11 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
             "attack_label": "IG",
             "victim": 0,
             "status": "ok",
+            "reconstruction": str(run / "attack.pt"),  # the files the record scored
+            "victim_file": str(run / "victim.pt"),
         }
-        write_json(run / "metrics.json", row)
-        save_tensors(run / "attack.pt", {"status": "ok", "images": image[None]})
-        save_tensors(run / "victim.pt", {"images": original})
-        for key, name in zip(files, ("metrics.json", "attack.pt", "victim.pt"), strict=True):
-            files[key].append(run / name)
+        write_json(run / "v1.json", {"runs": [row]})  # a cell's score file
+        metrics.append(run / "v1.json")
     settings = {
         "title": "CENSOR Fig. 10",
         "scale": "embedded",
@@ -620,7 +621,7 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
             }
         },
     }
-    public.run(settings, *files.values(), tmp_path / "prepared", tmp_path / "out")
+    public.run(settings, metrics, tmp_path / "prepared", tmp_path / "out")
     drift = pd.read_csv(tmp_path / "out" / "fig10_public_drift.csv").set_index("defense")
     assert not drift.loc["none", "closer_to_public"] and drift.loc["none", "mse_to_original"] == 0
     assert drift.loc["censor_public", "closer_to_public"]

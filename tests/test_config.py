@@ -138,7 +138,7 @@ def test_the_shipped_params_and_overlay_are_valid():
         (broken("fl.clients_per_round", 11), r"fl.clients_per_round: 11 clients per round"),
         (
             broken("capture.batch_size", 2000),
-            r"capture: .* needs 3309 images, but it has 1500; lower capture.victims",
+            r"capture: .* needs 3395 images, but it has 1500; lower capture.victims",
         ),
         (
             both(("threat_model.label_rule", "idlg"), ("capture.batch_size", 4)),
@@ -207,7 +207,7 @@ def test_the_shipped_params_and_overlay_are_valid():
         ),
         (
             broken("tables.table3_eot.victims", 40),
-            r"capture: tables.table3_eot attacks 40 victims .* needs 7294 images",
+            r"capture: tables.table3_eot attacks 40 victims .* needs 3628 images",
         ),
         (broken("convergence.fl.round", 5), r"convergence.fl.round: unknown key. Did you mean"),
         (
