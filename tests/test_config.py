@@ -384,6 +384,25 @@ def test_a_papers_recipe_trains_its_runs_as_its_code_does():
         )
 
 
+def test_a_models_attack_settings_change_its_attacks_not_its_training():
+    """LeNet's attacks run longer than the CNN's (params.yaml models.lenet.attack_settings):
+    its attack and score jobs carry them, its training jobs do not (no rerun of the models)."""
+    cfg = validate(copy.deepcopy(PARAMS))
+    run = {"dataset": "patches", "defense": "none", "round": "0", "bs": "1", "victim": "0"}
+    lenet = json.loads(job_settings(cfg, "attack", model="lenet", attack="ig", **run))
+    cnn = json.loads(job_settings(cfg, "attack", model="cnn3", attack="ig", **run))
+    own = PARAMS["models"]["lenet"]["attack_settings"]["inverting_gradients"]["iterations"]
+    assert lenet["attack"]["iterations"] == own != cnn["attack"]["iterations"]
+    changed = broken("models.lenet.attack_settings", {"inverting_gradients": {"iterations": 7}})
+    cfg2 = validate(changed)
+    train = {"dataset": "patches", "model": "lenet", "defense": "none"}
+    assert job_settings(cfg, "train", **train) == job_settings(cfg2, "train", **train)
+    score = {**run, "model": "lenet", "attack": "ig"}
+    assert job_settings(cfg, "score", **score) != job_settings(cfg2, "score", **score)
+    with pytest.raises(ConfigError, match=r"models.lenet.attack_settings.invert: 'invert' is not"):
+        validate(broken("models.lenet.attack_settings", {"invert": {"iterations": 7}}))
+
+
 def test_the_official_loop_runs_without_partition_or_fl():
     cfg = validate(copy.deepcopy(PARAMS))
     key = {"dataset": "patches", "model": "cnn3", "defense": "censor_code"}

@@ -55,6 +55,14 @@ def _registries() -> dict[str, Any]:
     }
 
 
+# What a model's or a generator's block may say of the attacks on it: per attack kind, settings
+# that replace the attack's own (more IG iterations on LeNet; GIFD's radii for StyleGAN2).
+_ATTACK_SETTINGS = {
+    "description": "per attack kind, settings that replace the attack's own for this block",
+    "type": "object",
+    "additionalProperties": {"type": "object"},
+}
+
 # The keys every generators.<name> block may have besides its kind's settings
 # (gradinv.generators.files explains them).
 _GENERATOR_KEYS = {
@@ -68,11 +76,7 @@ _GENERATOR_KEYS = {
     "local_path": {"type": "string"},
     "sha256": {"type": "string", "pattern": "^([0-9a-f]{64})?$"},
     "source": {"type": "string"},
-    "attack_settings": {
-        "description": "per attack kind, settings that replace the attack's for this generator",
-        "type": "object",
-        "additionalProperties": {"type": "object"},
-    },
+    "attack_settings": _ATTACK_SETTINGS,
 }
 
 
@@ -99,7 +103,10 @@ def full_schema() -> dict[str, Any]:
         reg = regs[section]
         instance = schema["properties"][section]["additionalProperties"]
         instance["properties"]["kind"] = {"enum": reg.available()}
-        common = _GENERATOR_KEYS if section == "generators" else _NAMED
+        common = {
+            "generators": _GENERATOR_KEYS,
+            "models": {**_NAMED, "attack_settings": _ATTACK_SETTINGS},
+        }.get(section, _NAMED)
         instance["allOf"] = [
             {
                 "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
@@ -249,5 +256,6 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
-    """An instance block without its bookkeeping keys: what the method's Settings receive."""
-    return {k: v for k, v in instance.items() if k not in ("kind", "label")}
+    """An instance block without its bookkeeping keys: what the method's Settings receive (a
+    model's ``attack_settings`` are the attacks', not the model's)."""
+    return {k: v for k, v in instance.items() if k not in ("kind", "label", "attack_settings")}

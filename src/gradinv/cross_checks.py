@@ -76,12 +76,17 @@ def check_references(config: dict[str, Any], source: str) -> None:
 
     for name, block in config["defenses"].items():  # combinations a defense's settings refuse
         defense_settings(block["kind"], method_settings(block), where=f"{source}: defenses.{name}")
-    for name, block in config.get("generators", {}).items():
+    blocks = [
+        *((f"generators.{n}", b) for n, b in config.get("generators", {}).items()),
+        *((f"models.{n}", b) for n, b in config["models"].items()),
+    ]
+    for owner, block in blocks:
         for kind, values in block.get("attack_settings", {}).items():
-            where = f"generators.{name}.attack_settings.{kind}"
+            where = f"{owner}.attack_settings.{kind}"
             if kind not in ATTACKS:
                 raise ConfigError(f"{source}: {where}: {kind!r} is not an attack kind.")
             from_mapping(ATTACKS.get(kind).Settings, values, where=where)
+    for name, block in config.get("generators", {}).items():
         for dataset in block["datasets"]:
             if dataset not in config["data"]["sources"]:
                 raise ConfigError(

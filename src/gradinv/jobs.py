@@ -18,6 +18,7 @@ from gradinv.config import (
     merge,
     method_settings,
     table_batch_size,
+    table_models,
     table_rounds,
     table_victims,
 )
@@ -26,14 +27,25 @@ from gradinv.sweeps import shared_runs, sweep_points, table_runs
 from gradinv.table_inputs import COMMON, claim_tables, table_utility_runs
 
 
-def attack_block(config: dict[str, Any], attack: str, dataset: str) -> dict[str, Any]:
-    """Attack ``attack``'s settings on ``dataset``: its block, with the ``attack_settings`` its
-    generator gives for its kind (GIFD's radii for StyleGAN2, say)."""
-    block = config["attacks"][attack]
+def attack_block(
+    config: dict[str, Any], attack: str, dataset: str, model: str | None = None
+) -> dict[str, Any]:
+    """Attack ``attack``'s settings on ``dataset`` and ``model``: its block, with the
+    ``attack_settings`` its generator gives for its kind (GIFD's radii for StyleGAN2, say), then
+    those the model gives (more IG iterations on LeNet than on the 3-layer CNN, say)."""
+    block = dict(config["attacks"][attack])
     name = attack_generator(config, attack, dataset)
-    if name is None:
-        return block
-    return {**block, **config["generators"][name].get("attack_settings", {}).get(block["kind"], {})}
+    if name is not None:
+        block |= config["generators"][name].get("attack_settings", {}).get(block["kind"], {})
+    if model is not None:
+        block |= config["models"][model].get("attack_settings", {}).get(block["kind"], {})
+    return block
+
+
+def model_block(config: dict[str, Any], model: str) -> dict[str, Any]:
+    """A model's block without what it says of the attacks on it (``attack_settings``), so that
+    changing those reruns the attacks and not the training."""
+    return {k: v for k, v in config["models"][model].items() if k != "attack_settings"}
 
 
 def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> list[str]:
@@ -263,7 +275,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 **common,
                 "client_time": study,
                 "labels": run_labels(config)["defenses"],
-                "models": {m: config["models"][m] for m in study["models"]},
+                "models": {m: model_block(config, m) for m in study["models"]},
             }
         )
     if stage == "frontier":
@@ -294,7 +306,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         )
     if stage in ("train", "capture"):
         out |= {
-            "model": config["models"][w["model"]],
+            "model": model_block(config, w["model"]),
             "model_name": w["model"],
             "defense": config["defenses"][w["defense"]],
             "defense_name": w["defense"],
@@ -322,14 +334,14 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             out["malicious"] = {"kind": block["kind"]} | {f: block[f] for f in fields if f in block}
     elif stage == "attack":
         out |= {
-            "attack": config["attacks"][w["attack"]],
+            # with what the model's block says of this kind of attack (its attack_settings)
+            "attack": attack_block(config, w["attack"], w.get("dataset", ""), w.get("model")),
             "attack_name": w["attack"],
             "threat_model": config["threat_model"],
         }
         name = attack_generator(config, w["attack"], w.get("dataset", ""))
         if name is not None:
             out |= {
-                "attack": attack_block(config, w["attack"], w["dataset"]),
                 "generator_name": name,
                 "generator": config["generators"][name],
                 "dataset": w["dataset"],
@@ -337,7 +349,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
     elif stage == "score":
         out |= {
             "metrics": config["metrics"],
-            "attack": attack_block(config, w["attack"], w["dataset"]),
+            "attack": attack_block(config, w["attack"], w["dataset"], w["model"]),
             "attack_name": w["attack"],
             "defense": config["defenses"][w["defense"]],
             "defense_name": w["defense"],
@@ -371,7 +383,12 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             },
             "rounds": table_rounds(config, w["table"]),
             "victims": table_victims(config, w["table"]),
-            "models": config["models"],
+            "models": {m: model_block(config, m) for m in config["models"]},
+            # each attack as it runs on each of the table's models (the budgets in its notes)
+            "attacks_by_model": {
+                m: {a: attack_block(config, a, table["datasets"][0], m) for a in table["attacks"]}
+                for m in table_models(config, w["table"])
+            },
             "capture": {**config["capture"], "batch_size": table_batch_size(config, w["table"])},
             "fl": config["fl"],
             "threat_model": config["threat_model"],

@@ -42,7 +42,9 @@ def run(
         run: {a: (base, attack_labels[a]) for a, base in attacks.items()}
         for run, attacks in settings["shared_attacks"].items()
     }
-    attack_cfgs = {a: settings["attacks"][a] for a in spec["attacks"]}
+    by_model = settings.get("attacks_by_model") or {m: settings["attacks"] for m in models}
+    # an attack's settings as it runs on the table's (first) model; budgets per model below
+    attack_cfgs = {a: by_model[models[0]][a] for a in spec["attacks"]}
     setting = {
         "scale": settings["scale"],
         "datasets": ", ".join(spec["datasets"]),
@@ -62,7 +64,10 @@ def run(
     note = ""
     if settings["scale"] == "embedded":
         cap = settings["capture"]
-        runs = "; ".join(f"{cfg['label']}: {_budget(cfg)}" for cfg in attack_cfgs.values())
+        runs = "; ".join(
+            f"{attack_cfgs[a]['label']}: {_budgets({m: by_model[m][a] for m in models})}"
+            for a in spec["attacks"]
+        )
         note = (
             f"{spec['scaled_down_note'].strip()} This run: {n_victims} victims, "
             f"batch size {cap['batch_size']}, round(s) {', '.join(map(str, rounds))}; {runs}."
@@ -214,6 +219,14 @@ def _grid(
                 )
             )
     reconstruction_grid(entries, out, caption)
+
+
+def _budgets(cfgs: dict[str, dict[str, Any]]) -> str:
+    """An attack's budget, or each model's where the models' ``attack_settings`` differ."""
+    texts = {m: _budget(cfg) for m, cfg in cfgs.items()}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return ", ".join(f"{t} on {m}" for m, t in texts.items())
 
 
 def _budget(cfg: dict[str, Any]) -> str:
