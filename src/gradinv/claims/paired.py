@@ -39,7 +39,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gradinv.claims.spec import Check, Claim, ClaimError, is_utility
+from gradinv.claims.spec import (
+    Check,
+    Claim,
+    ClaimError,
+    as_text,
+    group_name,
+    is_utility,
+    key_text,
+    matches,
+)
 from gradinv.stats import Interval, paired_seeds, paired_victims, verdict
 from gradinv.tables.aggregate import METRICS, training_scope
 from gradinv.tables.files import JOB_KEYS
@@ -79,9 +88,9 @@ def evaluate_paired(
     absent = [c for c in sorted(keys) if c not in tidy.columns]
     if absent:
         raise ClaimError(f"{claim.id}: {check.table} has no column(s) {absent}.")
-    tidy = _as_text(tidy, keys)
+    tidy = as_text(tidy, keys)
     for column, values in check.where.items():
-        tidy = tidy[tidy[column].isin([_key(v) for v in values])]
+        tidy = tidy[tidy[column].isin([key_text(v) for v in values])]
     notes: list[str] = []
     tidy, dropped = _without_metrics_never_computed(check, tidy)
     notes += dropped
@@ -123,8 +132,8 @@ def _combine(check: Check, groups: list[tuple[dict[str, Any], str]]) -> str:
     """The claim's verdict from its decidable groups' (module docstring)."""
     verdicts = [v for _, v in groups]
     if check.only_where:
-        named = [v for g, v in groups if _matches(g, check.only_where)]
-        other = [v for g, v in groups if not _matches(g, check.only_where)]
+        named = [v for g, v in groups if matches(g, check.only_where)]
+        other = [v for g, v in groups if not matches(g, check.only_where)]
         if "fails" in named or "holds" in other:
             return "fails"
         return (
@@ -152,7 +161,7 @@ def _group(
 ) -> tuple[str | None, str]:
     """One group's verdict (None: the two sides share no victim or seed) and its evidence;
     ``seeds``: the pairs are training seeds, not victims."""
-    check, name = claim.check, _group_name(key)
+    check, name = claim.check, group_name(key)
     metric = str(group["metric"].iloc[0])
     sides = {str(k): g for k, g in group.groupby(check.compare, sort=False)}
     rights = [r for r in sides if r != check.left] if check.right == "others" else [check.right]
@@ -325,25 +334,3 @@ def _single(group: pd.DataFrame, column: str) -> Any:
         return None
     values = group[column].dropna().unique()
     return values[0] if len(values) == 1 else None
-
-
-def _as_text(tidy: pd.DataFrame, columns: Any) -> pd.DataFrame:
-    out = tidy.copy()
-    for c in columns:
-        if c in out.columns:
-            out[c] = [_key(v) for v in out[c]]
-    return out
-
-
-def _key(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _group_name(key: Mapping[str, Any]) -> str:
-    return "/".join(str(v) for v in key.values()) or "all"
-
-
-def _matches(key: Mapping[str, Any], selection: Mapping[str, tuple[Any, ...]]) -> bool:
-    return all(key.get(column) in {_key(v) for v in vs} for column, vs in selection.items())

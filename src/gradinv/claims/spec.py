@@ -149,3 +149,28 @@ def result_file(table: str, results: str | os.PathLike[str] = "results") -> Path
     (one line per defense and seed)."""
     name = f"{table}_runs.csv" if is_utility(table) else f"{table}_victims.csv"
     return Path(results) / name
+
+
+def as_text(tidy: Any, columns: Iterable[str]) -> Any:
+    """A frame's key columns as text, as claims.yaml names them (a round 9 is "9", not 9.0)."""
+    out = tidy.copy()
+    for c in columns:
+        if c in out.columns:
+            out[c] = [key_text(v) for v in out[c]]
+    return out
+
+
+def key_text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def group_name(key: Mapping[str, Any]) -> str:
+    """A group as the evidence names it: its values joined by / ("patches/ig")."""
+    return "/".join(str(v) for v in key.values()) or "all"
+
+
+def matches(key: Mapping[str, Any], selection: Mapping[str, tuple[Any, ...]]) -> bool:
+    """Whether a group lies in ``selection`` (a check's ``only_where``)."""
+    return all(key.get(column) in {key_text(v) for v in vs} for column, vs in selection.items())

@@ -15,7 +15,16 @@ from typing import Any
 import pandas as pd
 
 from gradinv.claims.paired import GROUP_VERDICTS, evaluate_paired
-from gradinv.claims.spec import Check, Claim, ClaimError, is_utility
+from gradinv.claims.spec import (
+    Check,
+    Claim,
+    ClaimError,
+    as_text,
+    group_name,
+    is_utility,
+    key_text,
+    matches,
+)
 from gradinv.tables.aggregate import METRICS
 
 VERDICTS = ("holds", "fails", "inconclusive", "undecidable", "not evaluated")
@@ -119,21 +128,6 @@ def _tidy(check: Check, frame: pd.DataFrame) -> pd.DataFrame:
     return sub.rename(columns={"mean": "value"})
 
 
-def _as_text(tidy: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
-    """Key columns as text, as claims.yaml names them (a round 9 is "9", not 9.0)."""
-    out = tidy.copy()
-    for c in columns:
-        if c in out.columns:
-            out[c] = [_key(v) for v in out[c]]
-    return out
-
-
-def _key(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     check = claim.check
     keys = {check.compare, *check.over, *check.where, *check.only_where}
@@ -141,9 +135,9 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     absent = [c for c in sorted(keys) if c not in tidy.columns]
     if absent:
         raise ClaimError(f"{claim.id}: {check.table} has no column(s) {absent}.")
-    tidy = _as_text(_with_constant_context(tidy, check.over), keys)
+    tidy = as_text(_with_constant_context(tidy, check.over), keys)
     for column, values in check.where.items():
-        tidy = tidy[tidy[column].isin([_key(v) for v in values])]
+        tidy = tidy[tidy[column].isin([key_text(v) for v in values])]
     notes = []
     if check.metrics and not is_utility(check.table):
         tidy, notes = _without_metrics_never_computed(check, tidy)
@@ -156,7 +150,7 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
         group_key = dict(zip(over, key, strict=True))
-        outcomes.append((group_key, *_compare(check, _group_name(group_key), group)))
+        outcomes.append((group_key, *_compare(check, group_name(group_key), group)))
     evaluated = [o for o in outcomes if o[1] is not None]
     satisfied = [o for o in evaluated if o[1]]
     fields = dict(
@@ -172,7 +166,7 @@ def _evaluate(claim: Claim, frame: pd.DataFrame) -> dict[str, Any]:
     if skipped:
         notes.append(f"{skipped} of {len(outcomes)} group(s) without both values")
     if check.only_where:
-        wrong = [_group_name(g) for g, ok, _ in evaluated if ok != _matches(g, check.only_where)]
+        wrong = [group_name(g) for g, ok, _ in evaluated if ok != matches(g, check.only_where)]
         if wrong:
             notes.append("unlike the claim in " + ", ".join(wrong))
         # a group without both values could go either way: it can only make the claim fail
@@ -276,14 +270,6 @@ def _holds(check: Check, metric: str, left: float, right: float) -> bool:
     if relation == "not_below":
         return left >= right - check.tolerance
     return left == right or abs(left - right) <= check.tolerance  # two exact (PSNR ∞): equal
-
-
-def _group_name(key: Mapping[str, Any]) -> str:
-    return "/".join(str(v) for v in key.values()) or "all"
-
-
-def _matches(key: Mapping[str, Any], selection: Mapping[str, tuple[Any, ...]]) -> bool:
-    return all(key.get(column) in {_key(v) for v in vs} for column, vs in selection.items())
 
 
 def _missing(value: Any) -> bool:
