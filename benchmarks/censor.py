@@ -30,6 +30,7 @@ from timing import median_seconds  # benchmarks/timing.py, beside this script
 from gradinv.defenses import build_defense, gradient_cosine, gradients_of
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
+from gradinv.stages.common import full_float32
 
 
 def setup(size: int, device: torch.device, dtype: torch.dtype = torch.float32):
@@ -131,6 +132,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    full_float32()  # as the pipeline's jobs run (no TF32 on a GPU)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     report = {
         "machine": {

@@ -74,6 +74,7 @@ from gradinv.attacks.restarts import initial_dummies, resolve_layout, restart_gr
 from gradinv.defenses import gradients_of
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate, normalize
+from gradinv.stages.common import full_float32
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 LABEL = 3
@@ -355,6 +356,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: one size, few iterations")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    full_float32()  # as the pipeline's jobs run (no TF32 on a GPU)
     if a.quick:
         a.sizes, a.repeats, a.check_iterations = a.sizes[:1], 1, 20
     devices = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])

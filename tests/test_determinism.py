@@ -52,7 +52,9 @@ def test_a_job_asks_for_deterministic_kernels_without_loading_the_compiler():
     code = (
         "import sys, torch; from gradinv.stages.common import setup; setup({}); "
         "print(torch.are_deterministic_algorithms_enabled(), "
-        "torch.is_deterministic_algorithms_warn_only_enabled(), 'torch._inductor' in sys.modules)"
+        "torch.is_deterministic_algorithms_warn_only_enabled(), 'torch._inductor' in sys.modules, "
+        "torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "True", "False"]
+    # float32 on a GPU, not TF32 (PyTorch's default for cuDNN's convolutions is TF32)
+    assert out.stdout.split() == ["True", "True", "False", "False", "False"]
