@@ -25,6 +25,7 @@ from gradinv.jobs import (
     job_settings,
     malicious_attacks,
     metric_assets,
+    victim_groups,
 )
 from gradinv.sweeps import table_runs
 from gradinv.table_inputs import claim_inputs, table_score_files, table_utility_runs

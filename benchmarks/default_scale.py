@@ -19,8 +19,9 @@ from pathlib import Path
 
 from jobs import Job  # benchmarks/jobs.py, beside this script
 
-# A job's wildcards that only pick other data for the same work.
-INSTANCE = ("victim", "round")
+# A job's wildcards that only pick other data for the same work (an attack job's victims first to
+# last: the same work when as many, see _shape).
+INSTANCE = ("victim", "first", "last", "round")
 # The wildcard naming a job's method, by rule (for the median of measured jobs).
 METHOD = {
     "attack": "attack",
@@ -34,7 +35,7 @@ METHOD = {
     "client_time": "defense",
     "train_generator": "generator",
 }
-SHAPE_WILDCARDS = ("dataset", "model", "bs")
+SHAPE_WILDCARDS = ("dataset", "model", "bs", "victims")  # victims: an attack job's count
 SWEPT = "-"  # a sweep's variant is named <defense>-<setting><value> (gradinv.sweeps.sweep_variant)
 RECORD_TOLERANCE = 0.01  # s: a recorded end and the output's modification time agree to this
 
@@ -114,9 +115,16 @@ def own_measurement(job: Job, root: Path) -> Cost | None:
     return None
 
 
+def _shape(w: dict[str, str]) -> dict[str, str]:
+    """The wildcards with an attack job's victims first to last as their count."""
+    if "first" not in w:
+        return dict(w)
+    return {**w, "victims": str(int(w["last"]) - int(w["first"]) + 1)}
+
+
 def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
     """The groups whose measured median stands in for an unmeasured job, closest first."""
-    w = job.w
+    w = _shape(job.w)
     same = (job.rule, tuple(sorted((k, v) for k, v in w.items() if k not in INSTANCE)))
     method = METHOD.get(job.rule)
     keep = {*SHAPE_WILDCARDS, method} if method else set(SHAPE_WILDCARDS)

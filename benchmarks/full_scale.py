@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,14 @@ ADAM = ("inverting_gradients", "gradinversion")
 
 
 def attack_plan(config: dict, job: Job, s: dict[str, Any]) -> Plan:
+    """An attack job: its victims (first to last), one after another."""
+    plan = victim_attack_plan(config, job, s)
+    victims = int(job.w["last"]) - int(job.w["first"]) + 1
+    return replace(plan, terms=tuple((n * victims, u) for n, u in plan.terms))
+
+
+def victim_attack_plan(config: dict, job: Job, s: dict[str, Any]) -> Plan:
+    """One victim's attack."""
     a, w = s["attack"], job.w
     kind, batch = a["kind"], int(w["bs"])
     step = model_unit("attack_iteration", config, w["model"], w["dataset"], batch)

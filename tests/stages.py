@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,22 @@ from gradinv.config import REPO_ROOT, load, validate
 from gradinv.jobs import job_settings
 
 MICRO = REPO_ROOT / "tests" / "configs" / "micro.yaml"
+
+
+@contextlib.contextmanager
+def in_project(root: Path) -> Iterator[None]:
+    """Jobs run as if ``root`` were the project, MLflow off (for a module-scoped fixture, where
+    pytest's monkeypatch is not available); the environment is restored after."""
+    old = {k: os.environ.get(k) for k in ("GRADINV_PROJECT_ROOT", "GRADINV_TRACKING")}
+    os.environ.update(GRADINV_PROJECT_ROOT=str(root), GRADINV_TRACKING="off")
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class Stages:
@@ -38,8 +57,8 @@ class Stages:
         self.captured_checkpoint = self.checkpoints[rounds.index(rnd)]
         self.summary = root / f"results/train/patches/cnn3/{defense}/summary.json"
         self.victim = root / "results/victims/patches/b1/victim0.pt"
-        self.capture = root / f"results/captures/{run}/victim0.pt"
-        self.attack = root / f"results/attacks/{run}/ig/victim0.pt"
+        self.capture = root / f"results/captures/{run}/victims0-0.pt"  # a job of one victim
+        self.attack = root / f"results/attacks/{run}/ig/victims0-0.pt"  # a job of one victim
         self.scores = root / f"results/metrics/{run}/ig/v1.json"  # the cell's one victim
         self.floor = root / "data/floor/patches.pt"
 
@@ -133,10 +152,8 @@ class Stages:
                 self.settings("capture"),
                 "--checkpoint",
                 str(self.captured_checkpoint),
-                "--victim-file",
+                "--victim-files",
                 str(self.victim),
-                "--victim",
-                "0",
                 "--out",
                 str(self.capture),
             ]
@@ -165,7 +182,7 @@ class Stages:
                 str(self.attack),
                 "--victim-files",
                 str(self.victim),
-                "--captures",
+                "--capture",
                 str(self.capture),
                 "--floor",
                 str(self.floor),

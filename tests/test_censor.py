@@ -592,7 +592,8 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
     # the public defense's reconstruction is a public image; no defense's is the original
     for defense, image in (("none", original[0]), ("censor_public", pool[1])):
         run = tmp_path / defense
-        save_tensors(run / "attack.pt", {"status": "ok", "images": image[None]})
+        attack = {"victims": [0], "runs": [{"status": "ok", "images": image[None]}]}
+        save_tensors(run / "attack.pt", attack)  # an attack job's file, one victim
         save_tensors(run / "victim.pt", {"images": original})
         row = {
             "dataset": "patches",
@@ -604,6 +605,7 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
             "victim": 0,
             "status": "ok",
             "reconstruction": str(run / "attack.pt"),  # the files the record scored
+            "reconstruction_index": 0,
             "victim_file": str(run / "victim.pt"),
         }
         write_json(run / "v1.json", {"runs": [row]})  # a cell's score file

@@ -5,26 +5,15 @@ import pytest
 import torch
 
 from gradinv.io import FORMAT, CorruptFileError, content_digest, load_tensors, save_tensors
-from stages import Stages
+from stages import Stages, in_project
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """One victim's whole chain (prepare .. score), in a folder the tests copy from."""
-    import os
-
     root = tmp_path_factory.mktemp("chain")
-    old = os.environ.get("GRADINV_PROJECT_ROOT")
-    os.environ["GRADINV_PROJECT_ROOT"] = str(root)
-    os.environ["GRADINV_TRACKING"] = "off"
-    try:
+    with in_project(root):
         Stages(root).all()
-    finally:
-        os.environ.pop("GRADINV_TRACKING")
-        if old is None:
-            os.environ.pop("GRADINV_PROJECT_ROOT")
-        else:
-            os.environ["GRADINV_PROJECT_ROOT"] = old
     return root
 
 
@@ -57,6 +46,9 @@ def _walk(obj, prefix=""):
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _walk(v, f"{prefix}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{prefix}[{i}]")
     else:
         yield prefix, obj
 

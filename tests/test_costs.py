@@ -155,7 +155,7 @@ def test_a_shared_job_counts_in_every_target_and_once_in_all(tmp_path):
 
 
 def attack_job(jobid, attack, victim, defense="none", model="cnn3"):
-    run = f"patches/{model}/{defense}/r0_b1/{attack}/victim{victim}"
+    run = f"patches/{model}/{defense}/r0_b1/{attack}/victims{victim}-{victim}"
     return jobs.Job(
         jobid=jobid,
         rule="attack",
@@ -168,7 +168,8 @@ def attack_job(jobid, attack, victim, defense="none", model="cnn3"):
             ("round", "0"),
             ("bs", "1"),
             ("attack", attack),
-            ("victim", str(victim)),
+            ("first", str(victim)),
+            ("last", str(victim)),
         ),
     )
 
@@ -229,7 +230,7 @@ def test_snakemake_records_time_a_job_only_when_its_output_is_that_runs(tmp_path
     assert default_scale.record_seconds(job, tmp_path) is None
 
 
-def paper_job(config, rule, attack, dataset):
+def paper_job(config, rule, attack, dataset, victims=1):
     table = config["tables"]["table1"]
     model = table["model"] if isinstance(table["model"], str) else table["model"][0]
     wildcards = (
@@ -239,7 +240,7 @@ def paper_job(config, rule, attack, dataset):
         ("round", "0"),
         ("bs", "1"),
         ("attack", attack),
-        ("victim", "0"),
+        *((("first", "0"), ("last", str(victims - 1))) if rule == "attack" else (("n", "1"),)),
     )
     return jobs.Job(jobid=1, rule=rule, output=("x.pt",), wildcards=wildcards)
 
@@ -257,6 +258,10 @@ def test_full_scale_seconds_are_iterations_times_the_measured_iteration(paper_co
         f"no per-iteration measurement of {key} (run --measure-iterations)",
     )
     assert full_scale.plan_seconds(plan, {key: {"seconds": 0.01}})[0] == pytest.approx(count * 0.01)
+    three = full_scale.job_plan(
+        paper_config, paper_job(paper_config, "attack", "ig", "imagenet", 3)
+    )
+    assert three.terms == ((3 * count, key),)  # a job of three victims: three attacks
 
     gifd = full_scale.job_plan(paper_config, paper_job(paper_config, "attack", "gifd", "imagenet"))
     (n_gen, gen), (n_step, step) = gifd.terms

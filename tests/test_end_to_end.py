@@ -11,10 +11,19 @@ import sys
 import pandas as pd
 import pytest
 
+from gradinv.io import load_tensors
 from gradinv.tables.files import read_records
 from test_workflow import snakemake, workflow_copy
 
 TINY = "tests/configs/tiny.yaml"
+
+
+def victim0(folder):
+    """Victim 0's capture in a run's folder: the first victim of a capture job's file, with the
+    server message the file holds once for its victims."""
+    (path,) = folder.glob("victims0-*.pt")
+    data = load_tensors(path)
+    return data["runs"][0] | {"server": data["server"]}
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +60,13 @@ def test_tiny_end_to_end_run(tiny_run):
     assert "LPIPS UNAVAILABLE" in md  # no backbone weights on this machine: loud, never faked
     for name in ("table1_vs_paper.csv", "figures/table1.png", "figures/table1_grid.png"):
         assert (root / "results" / name).stat().st_size > 0
-    capture = root / "results/captures/patches/cnn3/none/r0_b1/victim0.pt"
-    from gradinv.io import load_tensors
-
-    shared = load_tensors(capture)
+    captures = root / "results/captures/patches/cnn3"
+    shared = victim0(captures / "none/r0_b1")
     # What the server sees, and apart what only the client knows (read by the score stage alone).
     assert set(shared) == {"server", "update", "client"}
     client = {"update_cosine", "fallback_fired", "raw_gradient_shared", "sensitive", "defense"}
     assert set(shared["client"]) == client | {"client_seconds"}  # and the client's time
-    censored = load_tensors(capture.parents[2] / "censor/r0_b1/victim0.pt")["client"]
+    censored = victim0(captures / "censor/r0_b1")["client"]
     assert censored["raw_gradient_shared"] in (True, False)
     assert censored["raw_gradient_shared"] == censored["fallback_fired"]  # Algorithm 1
     assert shared["client"]["raw_gradient_shared"] is None  # not CENSOR: never recorded
@@ -117,21 +124,19 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     assert table["IG NoiseRatio↑ mean"].between(0, 1).all()
     assert table.loc["No Defense", "IG PMM↑ mean"] == 1.0
     assert (table["IG PMM↑ n"] == 2).all() and table["IG Accuracy↑ mean"].between(0, 100).all()
-    from gradinv.io import load_tensors
-
     run = "results/{}/patches/cnn3/{}/r0_b1"
-    imprinted = load_tensors(root / run.format("captures", "none") / "imprint/victim0.pt")
+    imprinted = victim0(root / run.format("captures", "none") / "imprint")
     assert imprinted["server"]["model"]["modification"]["kind"] == "imprint"
-    honest = load_tensors(root / run.format("captures", "none") / "victim0.pt")
+    honest = victim0(root / run.format("captures", "none"))
     assert honest["server"]["model"]["modification"] is None
     metrics = read_records(root / run.format("metrics", "none") / "imprint/v1.json")[0]
     assert metrics["threat_model"]["server"].startswith("malicious: imprint")
     # DCS²: the lone image is sensitive, one concealed sample joins it; only it is scored
-    dcs = load_tensors(root / run.format("captures", "dcs2_plus") / "victim0.pt")
+    dcs = victim0(root / run.format("captures", "dcs2_plus"))
     assert dcs["update"]["meta"]["batch_size"] == 2 and dcs["client"]["sensitive"] == [0]
     scored = read_records(root / run.format("metrics", "dcs2_plus") / "ig/v1.json")[0]
     assert scored["scored_samples"] == [0] and len(scored["matching"]) == 1
-    refined = load_tensors(root / run.format("captures", "refiner") / "victim0.pt")
+    refined = victim0(root / run.format("captures", "refiner"))
     assert refined["client"]["defense"]["gradient_distance"] > 0
     assert refined["client"]["update_cosine"] < 1.0
     md = (root / "results/data_centric.md").read_text()

@@ -30,7 +30,7 @@ def test_diverged_training_fails_its_run_and_every_result_downstream(tmp_path, m
     assert summary["history"][0]["round"] == 0  # the rounds before the failure are kept
     assert load_tensors(s.checkpoints[0])["round"] == 0  # round 0 was reached and is real
     assert load_tensors(s.captured_checkpoint)["status"] == "failed"
-    assert load_tensors(s.capture)["status"] == "failed"
+    assert [run["status"] for run in load_tensors(s.capture)["runs"]] == ["failed"]
     row = s.metrics
     assert row["status"] == "failed" and row["failure"].startswith("training failed: non-finite")
     assert row["psnr"] is None and row["seed"] == 0
@@ -46,8 +46,8 @@ def test_a_nan_in_the_shared_update_fails_the_attack(tmp_path, monkeypatch):
     for step in (*steps, s.capture_update):
         assert step() == 0
     capture = load_tensors(s.capture)
-    name = next(iter(capture["update"]["tensors"]))
-    capture["update"]["tensors"][name].view(-1)[0] = float("nan")
+    update = capture["runs"][0]["update"]["tensors"]  # victim 0, the job's only one
+    update[next(iter(update))].view(-1)[0] = float("nan")
     save_tensors(s.capture, capture)
     assert s.run_attack() == 0 and s.score() == 0
     row = s.metrics

@@ -132,7 +132,11 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
         eot, rounds, layer, trials = 2 * 2 * 2 * 10, 2 * (10 * 10 - 10), 2 * 10, 2 * 5 * 10
         k = [10, 30, 50]
     else:
-        v = {t: cfg["tables"][t]["victims"] for t in ("table3_eot", "table5_rounds")}
+        # an attack job per victims_per_job victims (the overlay: one each)
+        v = {
+            t: -(-cfg["tables"][t]["victims"] // cfg["victims_per_job"])
+            for t in ("table3_eot", "table5_rounds")
+        }
         eot, rounds = 2 * 2 * v["table3_eot"], 2 * (10 * v["table5_rounds"] - v["table5_rounds"])
         layer, trials = 2 * v["table3_eot"], 2 * 5 * v["table3_eot"]
         k = cfg["convergence"]["clients_per_round"]
@@ -176,7 +180,8 @@ def test_utility_dry_run_trains_every_defense_once(tmp_path, overlay):
 
 def test_data_centric_dry_run_captures_the_malicious_server_apart(tmp_path):
     """Refiner, DCS² and Imprint in one table (workflow/configs/data_centric.yaml): the honest
-    capture per defense and victim, one more per malicious attack, one evaluation network."""
+    capture per defense and job's victims, one more per malicious attack, one evaluation
+    network."""
     root = workflow_copy(tmp_path)
     overlay = "workflow/configs/data_centric.yaml"
     proc = snakemake(
@@ -194,10 +199,12 @@ def test_data_centric_dry_run_captures_the_malicious_server_apart(tmp_path):
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
     table = yaml.safe_load((root / overlay).read_text())["tables"]["data_centric"]
-    victims = yaml.safe_load((root / "params.yaml").read_text())["capture"]["victims"]
-    cells = len(table["defenses"]) * victims
-    assert counts["capture"] == cells and counts["capture_malicious"] == cells  # Imprint's
-    assert counts["attack"] == cells * len(table["attacks"])
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    victims = table.get("victims", params["capture"]["victims"])
+    per_job = params["victims_per_job"]
+    jobs = len(table["defenses"]) * -(-victims // per_job)  # a job per victims_per_job victims
+    assert counts["capture"] == jobs and counts["capture_malicious"] == jobs  # Imprint's
+    assert counts["attack"] == jobs * len(table["attacks"])
     assert counts["train_evalnet"] == 1  # the noise ratio's and Refiner's, one per dataset
 
 
@@ -342,7 +349,7 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "results/victims/patches/b4/victim3.pt" in out and "--distinct-labels" in out
-    assert "r0_b4/gifd/victim0" in out and "_b1/" not in out
+    assert "r0_b4/gifd/victims0-3" in out and "_b1/" not in out
     from gradinv.stages.capture import victim_indices
 
     labels = [0] * 5 + [1] * 5 + [2] * 5

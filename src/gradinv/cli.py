@@ -77,9 +77,9 @@ def _cmd_capture(a: argparse.Namespace) -> None:
     run(
         _settings(a.settings),
         Path(a.checkpoint),
-        Path(a.victim_file),
-        a.victim,
+        [Path(p) for p in a.victim_files],
         Path(a.out),
+        first=a.first,
         prepared_dir=Path(a.prepared_dir),
     )
 
@@ -254,18 +254,18 @@ def parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--out", required=True)
 
-    sp = verb("capture", _cmd_capture, "capture a victim's defended update")
+    sp = verb("capture", _cmd_capture, "capture victims' defended updates")
     sp.add_argument("--checkpoint", required=True)
-    sp.add_argument("--victim-file", required=True)
-    sp.add_argument("--victim", type=int, required=True)
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--victim-files", nargs="+", required=True, help="victims first, first + 1")
+    sp.add_argument("--first", type=int, default=0, help="the first file's victim")
+    sp.add_argument("--out", required=True, help="one file, every victim's capture")
     sp.add_argument(
         "--prepared-dir", default="data/prepared", help="public images (CENSOR source: public)"
     )
 
-    sp = verb("attack", _cmd_attack, "reconstruct a victim's images from a capture")
-    sp.add_argument("--capture", required=True)
-    sp.add_argument("--out", required=True)
+    sp = verb("attack", _cmd_attack, "reconstruct victims' images from their captures")
+    sp.add_argument("--capture", required=True, help="a capture job's file (its victims)")
+    sp.add_argument("--out", required=True, help="one file, every victim's reconstruction")
     sp.add_argument("--generator", help="the generator file (generative-prior attacks)")
 
     sp = verb(
@@ -293,7 +293,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True)
 
     sp = verb("score", _cmd_score, "score a cell's reconstructions and log the attack runs")
-    sp.add_argument("--reconstructions", nargs="+", required=True, help="victim 0, 1, ...")
+    sp.add_argument(
+        "--reconstructions", nargs="+", required=True, help="the attack files of victims 0, 1, ..."
+    )
     sp.add_argument("--victim-files", nargs="+", required=True, help="the same victims' batches")
     sp.add_argument("--captures", nargs="+", required=True, help="their captures (client side)")
     sp.add_argument("--out", required=True)

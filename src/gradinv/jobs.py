@@ -109,13 +109,24 @@ def malicious_attacks(config: dict[str, Any]) -> list[str]:
     ]
 
 
+def victim_groups(n: int, per_job: int) -> list[tuple[int, int]]:
+    """The attack jobs behind a cell's first ``n`` victims, as (first, last) victims: runs of
+    ``per_job`` (params.yaml ``victims_per_job``), the last one shorter when ``per_job`` does not
+    divide ``n``. Victim v's seed and result do not depend on the grouping."""
+    if n < 0 or per_job < 1:
+        raise ValueError(f"victim_groups needs n >= 0 and per_job >= 1, got {n} and {per_job}")
+    return [(first, min(first + per_job, n) - 1) for first in range(0, n, per_job)]
+
+
 def capture_file(config: dict[str, Any], w: Any) -> str:
-    """The capture an attack job reads: the honest server's, shared by every honest attack, or
-    its own for a malicious attack (made on the model it changed)."""
+    """The capture file of victims ``w.first`` to ``w.last`` an attack job reads: the honest
+    server's, shared by every honest attack, or its own for a malicious attack (made on the model
+    it changed)."""
     run = f"results/captures/{w.dataset}/{w.model}/{w.defense}/r{w.round}_b{w.bs}"
+    victims = f"victims{w.first}-{w.last}.pt"
     if w.attack in malicious_attacks(config):
-        return f"{run}/{w.attack}/victim{w.victim}.pt"
-    return f"{run}/victim{w.victim}.pt"
+        return f"{run}/{w.attack}/{victims}"
+    return f"{run}/{victims}"
 
 
 def generator_names(config: dict[str, Any], trained: bool) -> str:

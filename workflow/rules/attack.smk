@@ -1,9 +1,13 @@
+# One job attacks victims_per_job victims of a cell, one after another (victims first to last):
+# an attack of a few seconds costs less than starting a process that imports torch (4-5 s), and
+# each victim's seed and result do not depend on how the victims are grouped. A victim finished
+# before an interruption is kept (results/.progress/) and not attacked again.
 rule attack:
     input:
         capture=lambda w: capture_file(config, w),
         generator=lambda w: attack_generator_file(config, w.attack, w.dataset),
     output:
-        f"results/attacks/{RUN}/{{attack}}/victim{{victim}}.pt",
+        f"results/attacks/{RUN}/{{attack}}/victims{{first}}-{{last}}.pt",
     params:
         settings=lambda w: job_settings(config, "attack", **w),
         generator=lambda w, input: f"--generator {input.generator}" if input.generator else "",
@@ -13,9 +17,9 @@ rule attack:
     conda:
         "../../environment.yml"
     log:
-        f"results/logs/attack/{RUN}/{{attack}}/victim{{victim}}.log",
+        f"results/logs/attack/{RUN}/{{attack}}/victims{{first}}-{{last}}.log",
     benchmark:
-        f"results/benchmarks/attack/{RUN}/{{attack}}/victim{{victim}}.tsv"
+        f"results/benchmarks/attack/{RUN}/{{attack}}/victims{{first}}-{{last}}.tsv"
     shell:
         "gradinv attack --settings {params.settings:q} --capture {input.capture} --out {output} "
         "{params.generator} > {log} 2>&1"
@@ -25,7 +29,7 @@ rule attack:
 # less than starting a process that imports torch, so a job per victim would mostly start up.
 rule score:
     input:
-        reconstructions=lambda w: cell_files(w, f"results/attacks/{RUN}/{{attack}}/victim{{v}}.pt"),
+        reconstructions=cell_attack_files,
         victims=lambda w: cell_files(w, "results/victims/{dataset}/b{bs}/victim{v}.pt"),
         captures=lambda w: cell_captures(w),
         floor="data/floor/{dataset}.pt",

@@ -10,6 +10,8 @@ wildcard_constraints:
     round=r"\d+",
     bs=r"\d+",
     victim=r"\d+",
+    first=r"\d+",
+    last=r"\d+",
     n=r"\d+",
 
 
@@ -25,12 +27,25 @@ def cell_files(w, pattern):
     return [pattern.format(**dict(w.items()), v=v) for v in range(int(w.n))]
 
 
+def cell_groups(w, files):
+    """``files(first, last)`` for each job's run of victims among a cell's first n."""
+    return [files(first, last) for first, last in victim_groups(int(w.n), config["victims_per_job"])]
+
+
+def cell_attack_files(w):
+    """The attack jobs' files that hold a cell's first n victims (victims_per_job a job)."""
+    run = f"results/attacks/{RUN}/{{attack}}".format(**dict(w.items()))
+    return cell_groups(w, lambda first, last: f"{run}/victims{first}-{last}.pt")
+
+
 def cell_captures(w):
-    """The capture behind each of a cell's first n victims."""
-    return [
-        capture_file(config, SimpleNamespace(**dict(w.items()), victim=str(v)))
-        for v in range(int(w.n))
-    ]
+    """The capture jobs' files behind a cell's first n victims."""
+    return cell_groups(
+        w,
+        lambda first, last: capture_file(
+            config, SimpleNamespace(**dict(w.items()), first=first, last=last)
+        ),
+    )
 
 
 def convergence_runs(defenses, clients):

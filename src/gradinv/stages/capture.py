@@ -112,21 +112,47 @@ def public_inputs(
 def run(
     settings: dict[str, Any],
     checkpoint: Path,
-    victim_path: Path,
-    victim: int,
+    victim_paths: list[Path],
     out: Path,
+    *,
+    first: int = 0,
     prepared_dir: Path | None = None,
 ) -> None:
+    """Capture the updates of victims ``first``, ``first + 1``, ... (one private batch each)
+    against the model of ``checkpoint``, one after another, and write them to ``out``:
+    ``{"victims": [...], "server": the model the server sent, "runs": [one per victim]}``, where a
+    run holds the victim's shared update and its client-side diagnostics, or why there is none.
+    One job captures several victims because starting a process that imports torch costs more
+    than a capture; a victim's capture does not depend on the grouping (its seed is its own)."""
     setup(settings)
+    if not victim_paths:
+        raise ValueError("a capture job needs at least one victim")
+    victims = list(range(first, first + len(victim_paths)))
     saved = load_tensors(checkpoint)
     if saved.get("status") == "failed":
         # Training never reached this round: nothing was shared, and the table will say why.
-        save_tensors(out, {"status": "failed", "failure": f"training failed: {saved['failure']}"})
+        failed = {"status": "failed", "failure": f"training failed: {saved['failure']}"}
+        save_tensors(out, {"victims": victims, "server": None, "runs": [failed] * len(victims)})
         return
     server = ServerMessage.from_dict(saved)
     malicious = settings.get("malicious")
     if malicious is not None:  # the server sends a model changed by its attack (Imprint)
         server = malicious_server(server, malicious["kind"], method_settings(malicious))
+    runs = [
+        capture_one(settings, server, path, victim, prepared_dir)
+        for victim, path in zip(victims, victim_paths, strict=True)
+    ]
+    save_tensors(out, {"victims": victims, "server": server.to_dict(), "runs": runs})
+
+
+def capture_one(
+    settings: dict[str, Any],
+    server: ServerMessage,
+    victim_path: Path,
+    victim: int,
+    prepared_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Victim ``victim``'s capture: ``{"update": ..., "client": ...}``, or a failure."""
     secret = load_tensors(victim_path)
     batch = PrivateBatch.from_dict(secret)
     mean, std = tuple(secret["mean"]), tuple(secret["std"])
@@ -186,8 +212,7 @@ def run(
         try:
             update, seconds = update_under(defense)
         except FloatingPointError as err:  # the defense refused a non-finite update
-            save_tensors(out, {"status": "failed", "failure": f"defended update: {err}"})
-            return
+            return {"status": "failed", "failure": f"defended update: {err}"}
         diagnostics = client_diagnostics(defense, update, undefended, defense.rates(counters))
         diagnostics["client_seconds"] = seconds
     meta = PublicMeta(
@@ -210,13 +235,11 @@ def run(
         kind="gradient" if fl["protocol"] == "fedsgd" else "delta",
         meta=meta,
     )
-    print(f"gradinv: client-side diagnostics: {diagnostics}")
-    # What the server sees (the model it sent, the update it received) and, apart, what only the
-    # client knows: the attack stage reads "server" and "update" alone; the score stage reads
-    # "client" to put the defense's diagnostics beside the attack's metrics.
-    save_tensors(
-        out, {"server": server.to_dict(), "update": shared.to_dict(), "client": diagnostics}
-    )
+    print(f"gradinv: victim {victim}: client-side diagnostics: {diagnostics}")
+    # What the server sees (the update it received, beside the model it sent) and, apart, what
+    # only the client knows: the attack stage reads "server" and "update" alone; the score stage
+    # reads "client" to put the defense's diagnostics beside the attack's metrics.
+    return {"update": shared.to_dict(), "client": diagnostics}
 
 
 def client_diagnostics(

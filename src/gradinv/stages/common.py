@@ -141,6 +141,36 @@ def project_path(path: str | Path) -> Path:
     return path if path.is_absolute() else project_root() / path
 
 
+def victim_runs(files: list[Path], n: int) -> list[tuple[Path, int, dict[str, Any]]]:
+    """Victims 0 to n - 1 from the capture or attack jobs' files, each of which holds a run of
+    victims (``{"victims": [...], "runs": [...]}``, a capture file also the ``server`` message
+    every run shares): (file, index in it, run) per victim, a capture's run with its server."""
+    from gradinv.io import load_tensors
+
+    found: list[tuple[Path, int, dict[str, Any]]] = []
+    for path in files:
+        data = load_tensors(path)
+        shared = {"server": data["server"]} if data.get("server") is not None else {}
+        for index, (victim, run) in enumerate(zip(data["victims"], data["runs"], strict=True)):
+            if victim != len(found):
+                raise ValueError(
+                    f"{path} holds victim {victim} where victim {len(found)} was expected: pass "
+                    "the jobs' files in the victims' order"
+                )
+            found.append((path, index, run if run.get("status") == "failed" else run | shared))
+    if len(found) < n:
+        raise ValueError(f"{n} victims asked for, {len(found)} found in {len(files)} files")
+    return found[:n]
+
+
+def load_reconstruction(row: dict[str, Any]) -> dict[str, Any]:
+    """The attack result a score record was made from (its ``reconstruction`` file holds the
+    runs of several victims; ``reconstruction_index`` says which)."""
+    from gradinv.io import load_tensors
+
+    return load_tensors(project_path(row["reconstruction"]))["runs"][row["reconstruction_index"]]
+
+
 def client_defense(
     settings: dict[str, Any],
     mean: tuple[float, ...],

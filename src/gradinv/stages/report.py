@@ -9,7 +9,7 @@ from typing import Any
 
 from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
-from gradinv.stages.common import first_scored_pair, project_path
+from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
 from gradinv.tables.files import scored_runs
@@ -198,7 +198,7 @@ def _grid(
     ``shown_attacks`` those a (defense run, attack run)'s appear under."""
     entries = []
     for row in scored_runs(metric_files):
-        rec = load_tensors(project_path(row["reconstruction"]))
+        rec = load_reconstruction(row)
         secret = load_tensors(project_path(row["victim_file"]))
         original, reconstruction = first_scored_pair(row, rec, secret)
         attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])

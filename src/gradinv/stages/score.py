@@ -17,7 +17,7 @@ from gradinv.io import load_tensors, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
 from gradinv.metrics.evaluation_network import resolve_evaluation_network, weights_digest
 from gradinv.settings import from_mapping
-from gradinv.stages.common import project_path, record, setup
+from gradinv.stages.common import project_path, record, setup, victim_runs
 
 TRACKED = ("mse", "psnr", "ssim", "lpips", "noise_ratio", "label_accuracy")
 
@@ -33,18 +33,16 @@ def run(
     round: int,
     floor: Path | None = None,
 ) -> None:
-    """Score one cell's victims (victim v: ``reconstructions[v]``, ``victim_files[v]``,
-    ``captures[v]``) in one process and write their records to ``out``, ``{"runs": [...]}``:
-    one job per cell rather than per victim, since scoring takes far less time than starting a
-    process that imports torch. ``floor``: the public split's mean image
-    (:mod:`gradinv.stages.floor`), scored against the same originals with the same metrics
-    (each record's ``floor``); None leaves it out."""
+    """Score one cell's victims (victim v: its result in the attack files ``reconstructions``,
+    its capture in the capture files ``captures``, both files of victims 0, 1, ... in order, and
+    its private batch ``victim_files[v]``) in one process and write their records to ``out``,
+    ``{"runs": [...]}``: one job per cell rather than per victim, since scoring takes far less
+    time than starting a process that imports torch.
+    ``floor``: the public split's mean image (:mod:`gradinv.stages.floor`), scored against the
+    same originals with the same metrics (each record's ``floor``); None leaves it out."""
     setup(settings)
-    if not len(reconstructions) == len(victim_files) == len(captures):
-        raise ValueError(
-            f"a cell's victims need one reconstruction, victim file and capture each; got "
-            f"{len(reconstructions)}, {len(victim_files)} and {len(captures)}"
-        )
+    n = len(victim_files)
+    results, clients = victim_runs(reconstructions, n), victim_runs(captures, n)
     metric_cfg = dict(settings["metrics"])
     names = metric_cfg.pop("names")
     metric_settings = resolve_evaluation_network(  # noise_ratio: the dataset's own network
@@ -52,9 +50,20 @@ def run(
     )
     floor_image = None if floor is None else load_tensors(floor)["image"]
     rows = []
-    for victim, paths in enumerate(zip(reconstructions, victim_files, captures, strict=True)):
+    for victim, (found, victim_file, (_, _, capture)) in enumerate(
+        zip(results, victim_files, clients, strict=True)
+    ):
         row, rec, secret = score_run(
-            settings, *paths, names, metric_settings, model, round, victim, floor_image
+            settings,
+            found,
+            victim_file,
+            capture,
+            names,
+            metric_settings,
+            model,
+            round,
+            victim,
+            floor_image,
         )
         rows.append(row)
         _track(settings, row, rec, secret)
@@ -63,9 +72,9 @@ def run(
 
 def score_run(
     settings: dict[str, Any],
-    reconstruction: Path,
+    found: tuple[Path, int, dict[str, Any]],
     victim_path: Path,
-    capture_path: Path,
+    capture: dict[str, Any],
     names: list[str],
     metric_settings: MetricSettings,
     model: str,
@@ -74,8 +83,8 @@ def score_run(
     floor_image: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One victim's record (the flat metrics a table reads), its reconstruction and its private
-    batch."""
-    rec = load_tensors(reconstruction)
+    batch; ``found``: its attack result, and the file and index it came from."""
+    reconstruction, index, rec = found
     secret = load_tensors(victim_path)
     defense, attack = settings["defense"], settings["attack"]
     summary = rec.get("summary", {})
@@ -95,6 +104,7 @@ def score_run(
         "victim": victim,
         # the files behind the record: the figures draw the pair it scored
         "reconstruction": str(reconstruction),
+        "reconstruction_index": index,
         "victim_file": str(victim_path),
         "status": rec["status"],
         "failure": rec["failure"],
@@ -109,7 +119,7 @@ def score_run(
         "restarts_layout": summary.get("restarts_layout"),
         **record(settings, secret["data_sha256"]),
     }
-    client = load_tensors(capture_path).get("client") or {}
+    client = capture.get("client") or {}
     # A defense that protects some samples only (DCS²) is measured on those, as its paper does.
     sensitive = client.get("sensitive")
     originals = secret["images"] if sensitive is None else secret["images"][sensitive]
