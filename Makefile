@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env table1 all test test-fast lint dryrun mlflow-ui clean
+.PHONY: env table1 all test test-fast lint dryrun gpu-check mlflow-ui clean
 
 env: $(VENV)/.installed
 
@@ -44,6 +44,11 @@ lint: env
 dryrun: env
 	$(BIN)/snakemake -n results/table1.csv
 	$(BIN)/snakemake -n results/table1.csv --configfile workflow/configs/paper.yaml
+
+# One GPU, about 9 minutes: the paper overlay's Table I on a thin slice and the GPU benchmarks
+# (benchmarks/gpu_check.py); figures in results/benchmarks/gpu_check.{json,md}. Refuses without a GPU.
+gpu-check: env
+	$(BIN)/python benchmarks/gpu_check.py
 
 mlflow-ui: env
 	$$($(BIN)/gradinv mlflow-ui)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from timing import median_seconds  # benchmarks/timing.py, beside this script
+from timing import available_devices, median_seconds  # benchmarks/timing.py, beside this script
 
 from gradinv.defenses import build_defense, gradient_cosine, gradients_of
 from gradinv.models import build_model
@@ -130,10 +130,17 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument(
+        "--devices",
+        nargs="+",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="default: the CPU, and CUDA when present",
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     full_float32()  # as the pipeline's jobs run (no TF32 on a GPU)
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    devices = available_devices(a.devices)
     report = {
         "machine": {
             "cpu_threads": a.threads,

@@ -23,3 +23,16 @@ def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device)
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def available_devices(names: list[str] | None = None) -> list[torch.device]:
+    """The devices a benchmark runs on: ``names`` (``cpu``, ``cuda``) as asked, else the CPU and,
+    when one is visible, the GPU. Asking for ``cuda`` without one is an error that says so."""
+    if names is None:
+        names = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if "cuda" in names and not torch.cuda.is_available():
+        raise SystemExit(
+            "--devices cuda: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run on a machine with an NVIDIA GPU and a CUDA build of PyTorch, or leave cuda out"
+        )
+    return [torch.device(n) for n in dict.fromkeys(names)]

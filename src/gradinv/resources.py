@@ -223,11 +223,13 @@ def acquire_device(
     if requested not in DEVICES:
         raise ConfigError(f"device: {requested!r} is not one of {', '.join(DEVICES)}")
     if requested == "cpu":
+        _say_device(torch.device("cpu"))
         yield torch.device("cpu")
         return
     has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if not has_gpu:
         if requested == "auto":
+            _say_device(torch.device("cpu"), "device: auto, no GPU visible")
             yield torch.device("cpu")
             return
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -243,9 +245,22 @@ def acquire_device(
     try:
         # Also the default for code that says plain "cuda" or .cuda(): it must not reach cuda:0.
         torch.cuda.set_device(index)
+        _say_device(torch.device("cuda", index), _gpu_name(torch, index))
         yield torch.device("cuda", index)
     finally:
         _release(fd)
+
+
+def _say_device(device: torch.device, note: str = "") -> None:
+    """One line in the job's log: where it ran (``make gpu-check`` reads it)."""
+    print(f"gradinv: device {device}" + (f" ({note})" if note else ""), file=sys.stderr, flush=True)
+
+
+def _gpu_name(torch_mod, index: int) -> str:
+    try:
+        return torch_mod.cuda.get_device_name(index)
+    except (AttributeError, RuntimeError):  # a driver that cannot say; the index suffices
+        return ""
 
 
 def _claim_gpu(torch_mod, lock_dir: Path, timeout_s: float, poll_s: float) -> tuple[int, int]:
