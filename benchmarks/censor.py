@@ -1,6 +1,7 @@
 """CENSOR: how fast is a defended client update, and does its selection mean anything?
 
-    python benchmarks/censor.py [--repeats 5] [--trials 20] [--sizes 32 64] [--quick]
+    python benchmarks/censor.py [--repeats 5] [--trials 20] [--sizes 32 64] [--devices cpu cuda]
+        [--no-selection]
 
 Speed: on ResNet-18 (small-image stem, batch 1) at each image size and on each available device
 (CPU, and CUDA when present), the median time of an undefended client update (one gradient) and
@@ -137,6 +138,12 @@ def main() -> int:
         default=None,
         help="default: the CPU, and CUDA when present",
     )
+    p.add_argument(
+        "--no-selection",
+        action="store_true",
+        help="only the speed (the selection study runs "
+        "on the CPU in float64 and takes about a minute)",
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     full_float32()  # as the pipeline's jobs run (no TF32 on a GPU)
@@ -148,7 +155,7 @@ def main() -> int:
             "torch": torch.__version__,
         },
         "speed": [speed(s, d, a.trials, a.repeats) for d in devices for s in a.sizes],
-        "selection": selection(a.trials),
+        "selection": [] if a.no_selection else selection(a.trials),
     }
     out = Path("results/benchmarks/censor.json")
     out.parent.mkdir(parents=True, exist_ok=True)

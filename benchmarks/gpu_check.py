@@ -3,9 +3,11 @@
     python benchmarks/gpu_check.py [--out results/benchmarks/gpu_check.json] [--cores N]
         [--parts table restarts censor] [--workdir results/gpu_check]
 
-One run on one GPU, three parts, one file of figures, about 9 minutes (over issue 32's 8: see
-docs/runs/2026-11-26-gpu-check-h200.md; on an H200 the table with 2 victims ran 26 of its 32
-jobs in 300 s, with 1 victim all 31 in 297 s, an attack job 14-29 s, mostly its start):
+One run on one GPU, three parts, one file of figures, about 8 minutes: estimated from the first
+runs on an H200 (docs/runs/2026-11-26-gpu-check-h200.md: the table with 2 victims ran 26 of its
+32 jobs in 300 s, with 1 victim all 31 in 297 s, an attack job 14-29 s, mostly its start; the
+restarts benchmark 91 s for three models, CENSOR's 88 s with its CPU selection study), not yet
+measured with the settings below:
 
 1. ``table``: the paper overlay's Table I on a thin slice, run by Snakemake as a user runs it
    (``snakemake results/table1.csv --configfile workflow/configs/paper.yaml
@@ -18,9 +20,9 @@ jobs in 300 s, with 1 victim all 31 in 297 s, an attack job 14-29 s, mostly its 
 2. ``restarts``: ``benchmarks/restarts.py --devices cuda --models resnet18 --sizes 64`` (IG, 4
    restarts in one vmap pass against 1 restart; target: at most 1.5x), and its check that both
    layouts compute the same.
-3. ``censor``: ``benchmarks/censor.py --devices cuda --sizes 64`` (a CENSOR update with T = 20
-   against an undefended one; target: at most 2x), and its check that both evaluation paths
-   select the same candidate.
+3. ``censor``: ``benchmarks/censor.py --devices cuda --sizes 64 --no-selection`` (a CENSOR
+   update with T = 20 against an undefended one; target: at most 2x), and its check that both
+   evaluation paths select the same candidate.
 
 Exit status: 0 when every part ran and its correctness check passed (a missed speed target is
 reported as missed, not as an error); 1 when a part failed; 2, before anything runs, when no
@@ -355,7 +357,9 @@ def main() -> int:
             )
         else:
             device = device[:2] + (["--repeats", "1", "--trials", "4"] if device[2:] else [])
-            report["parts"][part] = benchmark_part("censor", [*device, "--sizes", "64"], work)
+            report["parts"][part] = benchmark_part(
+                "censor", [*device, "--sizes", "64", "--no-selection"], work
+            )
         print(
             f"gpu-check: {part} {'passed' if report['parts'][part]['passed'] else 'FAILED'}",
             flush=True,
