@@ -26,7 +26,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from timing import available_devices, median_seconds  # benchmarks/timing.py, beside this script
+from timing import (
+    add_devices_argument,
+    available_devices,
+    median_seconds,
+)  # benchmarks/timing.py, beside this script
 
 from gradinv.defenses import build_defense, gradient_cosine, gradients_of
 from gradinv.models import build_model
@@ -131,13 +135,7 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument(
-        "--devices",
-        nargs="+",
-        choices=["cpu", "cuda"],
-        default=None,
-        help="default: the CPU, and CUDA when present",
-    )
+    add_devices_argument(p)
     p.add_argument(
         "--no-selection",
         action="store_true",

@@ -221,9 +221,23 @@ def psnr_cells(table: Path) -> list[dict[str, str]]:
     return cells
 
 
-def benchmark_part(name: str, args: list[str], work: Path) -> dict[str, Any]:
+def benchmark_args(name: str, device: str) -> list[str]:
+    """The paper's image size on ``device``; on the CPU (``--allow-cpu``) the smallest runs."""
+    cpu = device == "cpu"
+    if name == "restarts":
+        return ["--devices", device, "--models", "resnet18", "--sizes", "64"] + ["--quick"] * cpu
+    return ["--devices", device, "--sizes", "64", "--no-selection"] + [
+        "--repeats",
+        "1",
+        "--trials",
+        "4",
+    ] * cpu
+
+
+def benchmark_part(name: str, device: str, work: Path) -> dict[str, Any]:
     """One of the benchmark scripts on CUDA; its JSON report and the figure behind the target."""
     log = work / f"{name}.log"
+    args = benchmark_args(name, device)
     rc, wall = run_logged(
         [sys.executable, str(BENCHMARKS / f"{name}.py"), *args], ROOT, log, TIMEOUT_S[name]
     )
@@ -234,7 +248,7 @@ def benchmark_part(name: str, args: list[str], work: Path) -> dict[str, Any]:
         return report
     raw = json.loads(out.read_text())
     shutil.copy(out, work / out.name)
-    cuda = [r for r in raw["speed"] if r["device"] == ("cpu" if "cpu" in args else "cuda")]
+    cuda = [r for r in raw["speed"] if r["device"] == device]
     if name == "restarts":
         ratios = [(r["model"], r["image_size"], r["batched_over_one_restart"]) for r in cuda]
         report["correctness_passed"] = raw["correctness"]["passed"]
@@ -320,12 +334,14 @@ def main() -> int:
         help="overlays after the check's own (with --allow-cpu)",
     )
     a = p.parse_args()
+    import torch  # after the arguments: --help needs no torch
+
     gpu = cuda_device()
     if gpu is None and a.allow_cpu:
         gpu = {
             "name": "none (--allow-cpu: a wiring check on the CPU)",
             "memory_mib": 0,
-            "torch": __import__("torch").__version__,
+            "torch": torch.__version__,
             "cuda": None,
         }
     elif gpu is None:
@@ -348,18 +364,11 @@ def main() -> int:
     }
     for part in a.parts:
         print(f"gpu-check: {part} ...", flush=True)
-        device = ["--devices", "cpu", "--quick"] if gpu["cuda"] is None else ["--devices", "cuda"]
         if part == "table":
             report["parts"][part] = table_part(work, a.cores, a.configfile)
-        elif part == "restarts":
-            report["parts"][part] = benchmark_part(
-                "restarts", [*device, "--models", "resnet18", "--sizes", "64"], work
-            )
         else:
-            device = device[:2] + (["--repeats", "1", "--trials", "4"] if device[2:] else [])
-            report["parts"][part] = benchmark_part(
-                "censor", [*device, "--sizes", "64", "--no-selection"], work
-            )
+            device = "cpu" if gpu["cuda"] is None else "cuda"
+            report["parts"][part] = benchmark_part(part, device, work)
         print(
             f"gpu-check: {part} {'passed' if report['parts'][part]['passed'] else 'FAILED'}",
             flush=True,

@@ -67,7 +67,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from skimage import data, transform
-from timing import available_devices  # benchmarks/timing.py, beside this script
+from timing import (
+    add_devices_argument,
+    available_devices,
+)  # benchmarks/timing.py, beside this script
 
 from gradinv.attacks import ThreatModel, build_attack
 from gradinv.attacks.matching import cosine_distances
@@ -355,13 +358,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--processes", action="store_true", help="also 2 processes vs 2 threads")
     p.add_argument("--quick", action="store_true", help="a smoke run: one size, few iterations")
-    p.add_argument(
-        "--devices",
-        nargs="+",
-        choices=["cpu", "cuda"],
-        default=None,
-        help="default: the CPU, and CUDA when present",
-    )
+    add_devices_argument(p)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     full_float32()  # as the pipeline's jobs run (no TF32 on a GPU)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +24,17 @@ def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device)
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def add_devices_argument(parser: argparse.ArgumentParser) -> None:
+    """``--devices cpu cuda``: the devices a benchmark runs on (see :func:`available_devices`)."""
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="default: the CPU, and CUDA when present",
+    )
 
 
 def available_devices(names: list[str] | None = None) -> list[torch.device]:
