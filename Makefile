@@ -14,7 +14,12 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: env table1 all test test-fast lint dryrun gpu-check mlflow-ui clean
 
-env: $(VENV)/.installed
+env: $(VENV)/.installed $(VENV)/.guarded
+
+# Snakemake reads configuration files with gradinv's reader, as data (gradinv.config_guard).
+$(VENV)/.guarded: $(VENV)/.installed src/gradinv/config_guard.py
+	$(BIN)/gradinv guard install
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

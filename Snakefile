@@ -37,10 +37,10 @@ pipeline.setup_environment(workflow.basedir)
 configfile: "params.yaml"
 
 
-pipeline.validated(config)
+pipeline.validated(config, workflow.configfiles)
 
 
-envvars: *pipeline.export_runtime(config)
+envvars: *pipeline.export_runtime(config, workflow.overwrite_configfiles)
 
 
 if workflow.is_main_process:
@@ -62,7 +62,7 @@ include: "workflow/rules/claims.smk"
 
 
 onstart:
-    pipeline.claim_lock()
+    pipeline.claim_lock(workflow.persistence)
     shell(
         "gradinv tracking-init --experiment {e} --enabled {on} > /dev/null".format(
             e=config["tracking"]["experiment"],
@@ -88,11 +88,11 @@ rule all:
 
 onsuccess:
     shell("gradinv tracking-flush")  # the jobs' deferred MLflow runs (tracking.defer)
-    pipeline.release_lock()
+    pipeline.release_lock(workflow.persistence)
     pipeline.report_tracking_failures()
 
 
 onerror:
     shell("gradinv tracking-flush")
-    pipeline.release_lock()
+    pipeline.release_lock(workflow.persistence)
     pipeline.report_tracking_failures()

@@ -53,7 +53,7 @@ def load_config(configfiles: Iterable[str]) -> dict[str, Any]:
 def dataset_shape(config: dict[str, Any], dataset: str) -> tuple[tuple[int, int, int], int]:
     """(C, H, W) and classes of ``dataset`` under ``config``."""
     side = int(config["data"]["sources"][dataset]["image_size"])
-    manifest = ROOT / config["data"]["prepared_dir"] / f"{dataset}.json"
+    manifest = ROOT / "data" / "prepared" / f"{dataset}.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         if tuple(m["image_shape"][1:]) == (side, side):

@@ -453,9 +453,10 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, tag):
     params.write_text(yaml.safe_dump(PARAMS).replace("\nseed: 0\n", f"\nseed: {value}\n", 1))
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(f"attacks:\n  ig:\n    lr: {value}\n")
-    with pytest.raises(ConfigError, match=r"params\.yaml is not valid YAML"):
+    refusal = r", line \d+, column \d+: the tag !!python/.* asks for a Python object"
+    with pytest.raises(ConfigError, match=r"params\.yaml" + refusal):
         load_config(params)
-    with pytest.raises(ConfigError, match=r"overlay\.yaml is not valid YAML"):
+    with pytest.raises(ConfigError, match=r"overlay\.yaml" + refusal):
         load_config(ROOT / "params.yaml", (overlay,))
     assert not marker.exists()
 
@@ -466,7 +467,7 @@ def test_cli_validate_refuses_python_tags_with_exit_2(tmp_path):
     overlay.write_text(f"seed: {tagged(marker)['os.system']}\n")
     proc = cli_validate("--params", "params.yaml", "--configfile", str(overlay))
     assert proc.returncode == 2, proc.stderr
-    assert "configuration error" in proc.stderr and "not valid YAML" in proc.stderr
+    assert "configuration error" in proc.stderr and "the tag !!python/" in proc.stderr
     assert not marker.exists()
 
 

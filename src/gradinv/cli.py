@@ -31,7 +31,25 @@ def _cmd_validate(a: argparse.Namespace) -> None:
     from gradinv.config import load
 
     load(a.params, tuple(a.configfile or ()))
-    print(f"{a.params}: valid")
+    print(f"{' + '.join([a.params, *(a.configfile or ())])}: valid")
+
+
+def _cmd_guard(a: argparse.Namespace) -> None:
+    from gradinv import config_guard
+
+    if a.action == "install":
+        print(
+            f"gradinv: Snakemake's configuration files are read as data from now on "
+            f"({config_guard.write_pth()})"
+        )
+    elif config_guard.pth_path().exists():
+        print(f"gradinv: the guard is installed ({config_guard.pth_path()})")
+    else:
+        raise SystemExit(
+            "gradinv: the guard is not installed in this environment: Snakemake would render a "
+            "configuration file with __use_yte__ (running its Python) before gradinv sees it. "
+            "Run: gradinv guard install"
+        )
 
 
 def _cmd_prepare(a: argparse.Namespace) -> None:
@@ -226,6 +244,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--params", default="params.yaml")
     sp.add_argument("--configfile", action="append", help="overlay, as Snakemake's --configfile")
 
+    sp = verb(
+        "guard",
+        _cmd_guard,
+        "make Snakemake read configuration files as data in this environment (make env does)",
+        settings=False,
+    )
+    sp.add_argument("action", choices=["install", "status"])
+
     sp = verb("prepare", _cmd_prepare, "prepare a dataset under data/prepared")
     sp.add_argument("--raw-dir", required=True)
     sp.add_argument("--out", required=True)
@@ -384,8 +410,9 @@ def _terminated(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one verb. Failures a user can act on end with one clear message and an exit code:
-    2 a configuration error, 3 a corrupted or missing input file, and
+    2 a configuration error, 3 a corrupted or missing input file or a refused download, and
     :data:`gradinv.resources.RESOURCE_EXIT_CODE` when memory or disk ran out."""
+    from gradinv.data.base import DownloadError
     from gradinv.generators import WeightsError
     from gradinv.io import CorruptFileError
     from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
@@ -400,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gradinv {args.verb}: configuration error: {err}", file=sys.stderr)
         return 2
-    except (CorruptFileError, FileNotFoundError, WeightsError) as err:
+    except (CorruptFileError, DownloadError, FileNotFoundError, WeightsError) as err:
         print(f"gradinv {args.verb}: bad input: {err}", file=sys.stderr)
         return 3
     except (MemoryError, OSError, RuntimeError) as err:

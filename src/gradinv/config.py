@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from gradinv.config_files import read_config_file
 from gradinv.settings import ConfigError, settings_schema
 from gradinv.sweeps import expand_sweeps
 
@@ -36,6 +40,21 @@ def project_root() -> Path:
 
 
 _NAMED = {"label": {"type": "string", "minLength": 1}}
+
+# Every name a configuration gives (a table, model, defense, attack, generator, sweep, recipe, and
+# the file names they become) matches NAME: it becomes a folder or file name under results/ and a
+# word of the rules' command lines, so it can hold no path separator, no "..", no space and no
+# shell character. A sweep's points are named <defense>-<setting><value> and may also hold "."
+# (noise-std0.001): RUN_NAME. The Snakefile's wildcard constraints are the same two patterns.
+NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+RUN_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+NAME_HELP = (
+    "a name is 1-64 letters, digits, '_' or '-', starting with a letter or digit "
+    "(it becomes a file name under results/)"
+)
+# the sections whose keys are names
+NAMED_SECTIONS = ("models", "defenses", "attacks", "generators", "sweeps", "tables", "recipes")
+INT64_MAX = 2**63 - 1
 
 
 def _registries() -> dict[str, Any]:
@@ -83,6 +102,10 @@ _GENERATOR_KEYS = {
 def full_schema() -> dict[str, Any]:
     """The static schema plus one sub-schema per registered method."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    _no_repeats(schema)
+    for section in NAMED_SECTIONS:  # the defenses hold the sweeps' points too
+        pattern = RUN_NAME if section == "defenses" else NAME
+        schema["properties"][section]["propertyNames"] = {"pattern": f"^{pattern}$"}
     regs = _registries()
     sources = {
         name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
@@ -119,12 +142,70 @@ def full_schema() -> dict[str, Any]:
     return schema
 
 
+def _no_repeats(schema: Any) -> None:
+    """Every list of the static schema lists distinct things (a table's defenses, the metric
+    names, the seeds...): a repeated entry is refused, not computed twice or dropped. (The
+    methods' own settings may repeat values, GIFD's radii; their schema is not walked.)"""
+    if isinstance(schema, dict):
+        if schema.get("type") == "array":
+            schema.setdefault("uniqueItems", True)
+        for value in schema.values():
+            _no_repeats(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _no_repeats(item)
+
+
+def check_values(config: Any, source: str, where: str = "") -> None:
+    """Refuse what the schema's bounds cannot: NaN passes every comparison and an infinity
+    every lower bound; an integer beyond 64 bits fits no tensor or seed. Also the names of
+    sweep points, made from the values of the sweeps."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            check_values(value, source, f"{where}.{key}" if where else str(key))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            check_values(value, source, f"{where}[{i}]")
+    elif isinstance(config, float) and not math.isfinite(config):
+        raise ConfigError(
+            f"{source}: {where}: {config!r} is not a number a setting can take; give a finite value"
+        )
+    elif isinstance(config, int) and not isinstance(config, bool) and abs(config) > INT64_MAX:
+        raise ConfigError(
+            f"{source}: {where}: {config} does not fit in 64 bits (seeds and sizes are 64-bit "
+            f"integers); use a value between -{INT64_MAX} and {INT64_MAX}"
+        )
+
+
+def check_names(config: dict[str, Any], source: str) -> None:
+    """The names the configuration gives match NAME (a defense's RUN_NAME: a validated
+    configuration holds the sweeps' points among its defenses)."""
+    for section in NAMED_SECTIONS:
+        blocks = config.get(section)
+        pattern = RUN_NAME if section == "defenses" else NAME
+        for name in blocks if isinstance(blocks, dict) else ():
+            if not (isinstance(name, str) and re.fullmatch(pattern, name)):
+                raise ConfigError(
+                    f"{source}: {section}.{name}: {name!r} is not a valid name: {NAME_HELP}; "
+                    "rename it."
+                )
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    if "propertyNames" in error.schema_path:
+        return f"{where}: {error.instance!r} is not a valid name: {NAME_HELP}; rename it."
+    if error.validator == "uniqueItems":
+        repeated = sorted({json.dumps(x) for x in error.instance if error.instance.count(x) > 1})
+        return f"{where}: {', '.join(repeated)} appears more than once; list each once."
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed))
         key = extra[0] if extra else "?"
+        removed = error.schema.get("x-removed", {}).get(key)
+        if removed is not None:
+            prefix = "" if where == "(top level)" else f"{where}."
+            return f"{prefix}{key}: this setting was removed ({removed}); delete the key."
         close = difflib.get_close_matches(key, allowed, n=1)
         fix = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}."
         prefix = "" if where == "(top level)" else f"{where}."
@@ -157,6 +238,10 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
 
     Variants (``from:``) are resolved first, in place, so every consumer sees full blocks.
     """
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: the configuration is not a mapping of params.yaml's keys")
+    check_values(config, source)
+    check_names(config, source)
     for section in ("defenses", "attacks"):
         if isinstance(config.get(section), dict):
             resolve_variants(config[section], section, source)
@@ -229,18 +314,14 @@ def table_victims(config: dict[str, Any], table: str) -> int:
 
 
 def load(path: str | Path = "params.yaml", overlays: tuple[str | Path, ...] = ()) -> dict[str, Any]:
-    """Read ``path`` (and overlays, merged in order, as Snakemake's --configfile does); validate."""
+    """Read ``path`` (and overlays, merged in order, as Snakemake's --configfile does); validate.
+
+    Each file is read by :func:`gradinv.config_files.read_config_file`, the reader Snakemake
+    uses too (:mod:`gradinv.config_guard`): data only, no repeated key, a mapping.
+    """
     config: dict[str, Any] = {}
     for p in (path, *overlays):
-        try:
-            text = Path(p).read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file {p} does not exist") from None
-        try:
-            layer = yaml.safe_load(text) or {}  # safe_load: values are data, never code
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{p} is not valid YAML: {err}") from None
-        config = merge(config, layer)
+        config = merge(config, read_config_file(p))
     return validate(config, source=" + ".join(str(p) for p in (path, *overlays)))
 
 

@@ -10,8 +10,10 @@ import difflib
 from typing import Any
 
 from gradinv.config import (
+    REPO_ROOT,
     merge,
     method_settings,
+    project_root,
     table_batch_size,
     table_models,
     table_rounds,
@@ -178,6 +180,7 @@ def attack_generator(
 
 def check_combinations(config: dict[str, Any], source: str) -> None:
     """Values that are each valid but cannot work together."""
+    check_datasets(config, source)
     fl, cap, threat = config["fl"], config["capture"], config["threat_model"]
 
     def fail(message: str) -> None:
@@ -305,6 +308,14 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
                     f"images of {name}, which needs {need} images, but it has {pool}; lower "
                     "capture.victims, capture.victim_stride or the batch size."
                 )
+        reference = spec["reference"]
+        roots = (project_root(), REPO_ROOT)
+        if reference and not any((root / reference).is_file() for root in roots):
+            fail(
+                f"tables.{table}.reference: {reference} does not exist in the project; give "
+                "the published numbers' CSV (a path relative to the project's folder), or "
+                'reference: "" with no_reference saying why there are none.'
+            )
         for model in table_models(config, table):
             if threat["bn_statistics"] and not _has_batch_norm(config["models"][model]):
                 fail(
@@ -323,3 +334,78 @@ def _has_batch_norm(model: dict[str, Any]) -> bool:
     settings = method_settings(model)
     spec = ModelSpec(model["kind"], 10, 3, 32, settings)
     return any(isinstance(m, torch.nn.BatchNorm2d) for m in build_model(spec).modules())
+
+
+def check_datasets(config: dict[str, Any], source: str) -> None:
+    """What a dataset's settings yield, where it is known without the data: the patches each
+    photo can give, and clients with fewer training images than a batch (a client's step would
+    quietly take a smaller one)."""
+    from gradinv.data import DATASETS
+    from gradinv.data.partition import PartitionSettings
+    from gradinv.settings import from_mapping
+    from gradinv.stages.prepare import client_parts
+
+    fl = config["fl"]
+    trainings = [  # (where, the FL setting, the partition, the dataset(s) it trains on)
+        (
+            "fl",
+            fl,
+            "partition",
+            config["partition"],
+            sorted({d for t in config["tables"].values() for d in t["datasets"]}),
+        ),
+        (
+            "utility.fl",
+            merge(fl, config["utility"]["fl"]),
+            "partition",
+            config["partition"],
+            [config["utility"]["dataset"]],
+        ),
+        *(
+            (
+                f"recipes.{n}.fl",
+                merge(fl, r["fl"]),
+                "partition",
+                config["partition"],
+                [config["utility"]["dataset"]],
+            )
+            for n, r in config.get("recipes", {}).items()
+        ),
+        (
+            "convergence.fl",
+            merge(fl, config["convergence"]["fl"]),
+            "convergence.partition",
+            config["convergence"]["partition"],
+            [config["convergence"]["dataset"]],
+        ),
+    ]
+    labels: dict[str, Any] = {}
+    for name, block in config["data"]["sources"].items():
+        dataset = DATASETS.get(name)
+        where = f"data.sources.{name}"
+        settings = from_mapping(dataset.Settings, method_settings(block), where)
+        try:
+            dataset.check_settings(settings)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+        labels[name] = dataset.train_labels(settings)
+    smallest: dict[tuple[str, str], int] = {}
+    for where, settings, pwhere, partition, datasets in trainings:
+        for name in datasets:
+            if labels.get(name) is None:
+                continue  # known only once the data are prepared
+            key = (pwhere, name)
+            if key not in smallest:
+                p = from_mapping(PartitionSettings, partition, pwhere)
+                try:
+                    clients, _ = client_parts(labels[name], p, config["seed"])
+                except ValueError as err:
+                    raise ConfigError(f"{source}: {pwhere}: {err}") from None
+                smallest[key] = min(len(c) for c in clients)
+            if smallest[key] < settings["batch_size"]:
+                raise ConfigError(
+                    f"{source}: {pwhere} leaves a client of {name} with {smallest[key]} training "
+                    f"images, fewer than {where}.batch_size {settings['batch_size']}: its "
+                    "steps would take smaller batches than the setting says; lower num_clients "
+                    "or the batch size, or raise alpha."
+                )

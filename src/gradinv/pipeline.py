@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-OWNER = Path(".snakemake") / "gradinv-owner.json"
+OWNERS = Path(".snakemake") / "gradinv-lock-owners"  # a record per Snakemake lock file
 
 
 def setup_environment(basedir: str) -> None:
@@ -25,26 +28,69 @@ def setup_environment(basedir: str) -> None:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def validated(config: dict[str, Any]) -> dict[str, Any]:
-    """Validate Snakemake's merged config; a bad key stops the run before any job starts."""
+def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """Validate Snakemake's merged config; a bad key stops the run before any job starts.
+
+    ``configfiles`` (the Snakefile's ``workflow.configfiles``: params.yaml and every
+    ``--configfile``) are read again by gradinv's reader, so that a file is refused for the same
+    reason, in the same words, as by ``gradinv validate``, whether or not the guard
+    (:mod:`gradinv.config_guard`) made Snakemake read them with it. Without the guard a warning
+    says that Snakemake read them with YTE first.
+    """
     from snakemake.exceptions import WorkflowError
 
+    from gradinv import config_guard
     from gradinv.config import validate
+    from gradinv.config_files import read_config_file
     from gradinv.settings import ConfigError
 
+    guarded = config_guard.active()
+    if not guarded:
+        print(
+            "gradinv: WARNING: this environment does not guard Snakemake's configuration "
+            "loader: a --configfile with __use_yte__ runs its Python before gradinv can refuse "
+            "it. Run `gradinv guard install` once (make env does).",
+            file=sys.stderr,
+        )
     try:
+        for path in configfiles:
+            read_config_file(path)
         return validate(config, source="params.yaml (with any --configfile overlays)")
     except ConfigError as err:
-        raise WorkflowError(str(err)) from None
+        raise WorkflowError(f"gradinv: {err}") from None
 
 
-def export_runtime(config: dict[str, Any]) -> list[str]:
+def rerun_options(configfiles: Sequence[str | Path], argv: Sequence[str] | None = None) -> str:
+    """The options that choose what a run computes, as one shell string: its ``--configfile``
+    overlays and its profile. A job's "Regenerate it with" hint repeats them
+    (``GRADINV_SNAKEMAKE_OPTIONS``), so the file is rebuilt at the run's scale, not the default's.
+    """
+    root = Path.cwd().resolve()
+    shown = []
+    for path in configfiles:
+        path = Path(path).resolve()
+        shown.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+    words = ["--configfile", *shown] if shown else []
+    parser = argparse.ArgumentParser(add_help=False)
+    for option in ("--profile", "--workflow-profile"):
+        parser.add_argument(option)
+    known, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    for option in ("--profile", "--workflow-profile"):
+        value = getattr(known, option[2:].replace("-", "_"))
+        if value:
+            words += [option, value]
+    return shlex.join(words)
+
+
+def export_runtime(config: dict[str, Any], overlays: Sequence[str | Path] = ()) -> list[str]:
     """Pass how jobs run (not what they compute) through the environment; return the names.
 
     These settings are not part of any job's parameters, so changing the MLflow experiment or
-    the progress interval reruns nothing.
+    the progress interval reruns nothing. ``overlays`` are the run's ``--configfile`` files,
+    repeated in the jobs' recovery hints (:func:`rerun_options`).
     """
     values = {
+        "GRADINV_SNAKEMAKE_OPTIONS": rerun_options(overlays),
         "GRADINV_TRACKING_EXPERIMENT": config["tracking"]["experiment"],
         "GRADINV_TRACKING_ENABLED": str(config["tracking"]["enabled"]).lower(),
         "GRADINV_TRACKING_DEFER": str(config["tracking"].get("defer", True)).lower(),
@@ -54,46 +100,86 @@ def export_runtime(config: dict[str, Any]) -> list[str]:
     return sorted(values)
 
 
-def claim_lock(workdir: str | Path = ".") -> None:
-    """Record which Snakemake process holds the working directory's lock (``onstart``)."""
-    path = Path(workdir) / OWNER
-    path.parent.mkdir(parents=True, exist_ok=True)
+def claim_lock(persistence: Any, workdir: str | Path = ".") -> None:
+    """``onstart``: own the lock files Snakemake just wrote for this run, and only those.
+
+    Several Snakemake runs may share a folder when their files do not overlap; each writes its
+    own ``.snakemake/locks/<i>.{input,output}.lock``. Snakemake 9's file backend, at the end of
+    a run, removes its lock files and then the whole ``locks`` folder, the other runs' locks
+    with it, so a later run of a target still being built would start it again. Here a run
+    removes its own lock files only (:func:`_own_locks_only`), and each lock file gets an
+    owner record, ``.snakemake/gradinv-lock-owners/<lock file>.json``, that tells
+    :func:`clear_stale_lock` whether the process that wrote it still exists.
+    """
+    lockfiles = [Path(f) for f in getattr(persistence, "_lockfile", {}).values()]
+    _own_locks_only(persistence)
+    owners = Path(workdir) / OWNERS
+    owners.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
-    owner = {"pid": pid, "host": socket.gethostname(), "started": _start_time(pid)}
-    path.write_text(json.dumps(owner))
+    record = json.dumps({"pid": pid, "host": socket.gethostname(), "started": _start_time(pid)})
+    for lockfile in lockfiles:
+        tmp = owners / f".{lockfile.name}.tmp"
+        tmp.write_text(record)
+        tmp.replace(owners / f"{lockfile.name}.json")
 
 
-def release_lock(workdir: str | Path = ".") -> None:
-    """The run ended normally (``onsuccess``/``onerror``): Snakemake removes its own lock."""
-    (Path(workdir) / OWNER).unlink(missing_ok=True)
+def _own_locks_only(persistence: Any) -> None:
+    """Make Snakemake's file persistence remove this run's lock files, not the folder."""
+    lockfiles = getattr(persistence, "_lockfile", None)
+    if not isinstance(lockfiles, dict) or not hasattr(persistence, "_delete_locks"):
+        print(
+            "gradinv: WARNING: this Snakemake's persistence has no lock files to own (a "
+            f"{type(persistence).__name__}); do not start two runs in this folder at once.",
+            file=sys.stderr,
+        )
+        return
+
+    def delete_own_locks() -> None:
+        for lockfile in lockfiles.values():
+            Path(lockfile).unlink(missing_ok=True)
+        lockfiles.clear()
+
+    persistence._delete_locks = delete_own_locks
+
+
+def release_lock(persistence: Any = None, workdir: str | Path = ".") -> None:
+    """The run ended (``onsuccess``/``onerror``): drop its owner records (Snakemake then removes
+    its lock files)."""
+    lockfiles = getattr(persistence, "_lockfile", {}) if persistence is not None else {}
+    for lockfile in lockfiles.values():
+        (Path(workdir) / OWNERS / f"{Path(lockfile).name}.json").unlink(missing_ok=True)
 
 
 def clear_stale_lock(workdir: str | Path = ".") -> bool:
-    """Remove Snakemake's lock if the process that took it was killed (SIGKILL, OOM killer).
+    """Remove the lock files of runs that were killed (SIGKILL, OOM killer); keep the others.
 
     Snakemake cannot release its lock when it is killed, and the next run would stop with
-    "Directory cannot be locked". The owner record written by :func:`claim_lock` tells whether
-    that process still exists; only a lock whose owner is gone from this host is removed.
+    "Directory cannot be locked". A lock file whose owner record (:func:`claim_lock`) names a
+    process gone from this host is removed with its record; a lock of a live run, of another
+    host, or without a record (a run that had not reached ``onstart``) stays.
     """
     workdir = Path(workdir)
-    locks, owner_file = workdir / ".snakemake" / "locks", workdir / OWNER
-    if not owner_file.exists() or not any(locks.glob("*.lock")):
-        return False
-    try:
-        owner = json.loads(owner_file.read_text())
-    except (OSError, ValueError):
-        return False
-    if owner.get("host") != socket.gethostname() or _alive(owner["pid"], owner.get("started")):
-        return False
-    for lock in locks.glob("*.lock"):
-        lock.unlink(missing_ok=True)
-    owner_file.unlink(missing_ok=True)
-    print(
-        f"gradinv: removed the lock left by Snakemake process {owner['pid']}, which was killed; "
-        "continuing where it stopped (unfinished jobs are rerun, finished ones kept)",
-        file=sys.stderr,
-    )
-    return True
+    locks, owners = workdir / ".snakemake" / "locks", workdir / OWNERS
+    removed = []
+    for record in sorted(owners.glob("*.lock.json")):
+        try:
+            owner = json.loads(record.read_text())
+            pid, host = int(owner["pid"]), owner.get("host")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if host != socket.gethostname() or _alive(pid, owner.get("started")):
+            continue
+        (locks / record.name.removesuffix(".json")).unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        removed.append(pid)
+    if removed:
+        print(
+            f"gradinv: removed the lock left by Snakemake process "
+            f"{', '.join(map(str, sorted(set(removed))))}, which was killed; continuing where it "
+            "stopped (unfinished jobs are rerun, finished ones kept)",
+            file=sys.stderr,
+        )
+    return bool(removed)
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -27,10 +27,14 @@ def bounded(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    min_items: int | None = None,
     doc: str = "",
 ) -> Any:
-    """A dataclass field with numeric bounds that the schema and the loader both enforce."""
+    """A dataclass field with numeric bounds that the schema and the loader both enforce; for a
+    tuple, the bounds hold for each item and ``min_items`` bounds its length."""
     meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
+    if min_items is not None:
+        meta["min_items"] = min_items
     if doc:
         meta["doc"] = doc
     if isinstance(default, (list, dict, set)):
@@ -90,9 +94,12 @@ def settings_schema(cls: type, extra_properties: dict[str, Any] | None = None) -
     properties: dict[str, Any] = dict(extra_properties or {})
     for f in dataclasses.fields(cls):
         prop = _type_schema(hints[f.name])
+        bounds = prop["items"] if prop.get("type") == "array" else prop  # a tuple: each item
         for key, json_key in _JSON_BOUND.items():
             if key in f.metadata:
-                prop[json_key] = f.metadata[key]
+                bounds[json_key] = f.metadata[key]
+        if "min_items" in f.metadata:
+            prop["minItems"] = f.metadata["min_items"]
         if "doc" in f.metadata:
             prop["description"] = f.metadata["doc"]
         if "renamed" in f.metadata:  # read by gradinv.config's error messages, not a JSON keyword
@@ -137,8 +144,19 @@ def from_mapping(cls: type[S], values: dict[str, Any] | None, where: str) -> S:
 def check_bounds(obj: Any, where: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
+        if isinstance(value, tuple):
+            if len(value) < f.metadata.get("min_items", 0):
+                raise ConfigError(
+                    f"{where}.{f.name}: list at least {f.metadata['min_items']} value(s)."
+                )
+            for i, item in enumerate(value):
+                _check_number(item, f, f"{where}.{f.name}[{i}]")
+        else:
+            _check_number(value, f, f"{where}.{f.name}")
+
+
+def _check_number(value: Any, f: dataclasses.Field, where: str) -> None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         for key, ok in (
             ("ge", value >= f.metadata.get("ge", value)),
             ("gt", "gt" not in f.metadata or value > f.metadata["gt"]),
@@ -148,8 +166,7 @@ def check_bounds(obj: Any, where: str) -> None:
             if not ok:
                 word = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[key]
                 raise ConfigError(
-                    f"{where}.{f.name}: {value} is out of range; it must be "
-                    f"{word} {f.metadata[key]}."
+                    f"{where}: {value} is out of range; it must be {word} {f.metadata[key]}."
                 )
 
 

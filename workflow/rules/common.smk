@@ -2,11 +2,19 @@
 
 from types import SimpleNamespace
 
+from gradinv.config import NAME, RUN_NAME
+
+# The names params.yaml may give (gradinv.config.NAME; validation refuses any other).
 wildcard_constraints:
-    dataset=r"[A-Za-z0-9_-]+",
-    model=r"[A-Za-z0-9_-]+",
-    defense=r"[A-Za-z0-9_.-]+",  # "." : a sweep's value (noise-std0.01)
-    attack=r"[A-Za-z0-9_-]+",
+    dataset=NAME,
+    model=NAME,
+    defense=RUN_NAME,  # a sweep's point holds its value: noise-std0.01
+    attack=NAME,
+    table=NAME,
+    recipe=NAME,
+    generator=NAME,
+    seed=r"\d+",
+    k=r"\d+",
     round=r"\d+",
     bs=r"\d+",
     victim=r"\d+",

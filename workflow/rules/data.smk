@@ -10,7 +10,7 @@ rule prepare_data:
     log:
         "results/logs/prepare/{dataset}.log",
     shell:
-        "gradinv prepare --settings {params.settings:q} --raw-dir {params.raw_dir} "
+        "gradinv prepare --settings {params.settings:q} --raw-dir {params.raw_dir:q} "
         "--out {output.data} > {log} 2>&1"
 
 

@@ -94,6 +94,17 @@ class DatasetSource:
         raise NotImplementedError
 
     @classmethod
+    def check_settings(cls, settings: Any) -> None:
+        """Refuse settings that cannot yield the dataset, where that is known without the data
+        (raise ConfigError naming the key and the fix); by default nothing is known."""
+
+    @classmethod
+    def train_labels(cls, settings: Any) -> np.ndarray | None:
+        """The train split's labels, in order, when known without the data (else None): the
+        configuration check partitions them to find clients with fewer images than a batch."""
+        return None
+
+    @classmethod
     def val_size(cls, settings: Any) -> int | None:
         """The validation images the settings yield, when known without the data (else None);
         the config check uses it to reject victims beyond the end of the validation split."""

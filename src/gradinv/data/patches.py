@@ -70,6 +70,34 @@ def photo_path(name: str) -> Path:
     return Path(skimage.data.__file__).parent / PHOTOS[name].filename
 
 
+def _crop_box(size: tuple[int, int], crop: tuple[float, ...]) -> tuple[int, int, int, int]:
+    """PIL's (left, top, right, bottom) of a photo of ``size`` (width, height) for its crop."""
+    w, h = size
+    return round(crop[1] * w), round(crop[0] * h), round(crop[3] * w), round(crop[2] * h)
+
+
+def _target_size(size: tuple[int, int], source_side: int) -> tuple[int, int]:
+    """(width, height) after the resize that makes the shorter side ``source_side``."""
+    w, h = size
+    scale = source_side / min(w, h)
+    return max(source_side, round(w * scale)), max(source_side, round(h * scale))
+
+
+def photo_shape(name: str, source_side: int) -> tuple[int, int]:
+    """(height, width) of :func:`load_photo`'s array, from the file's header alone."""
+    path = photo_path(name)
+    if not path.is_file():
+        return source_side, source_side  # load_photo names the missing file
+    with Image.open(path) as img:
+        size = img.size
+    crop = PHOTOS[name].crop
+    if crop is not None:
+        left, top, right, bottom = _crop_box(size, crop)
+        size = (right - left, bottom - top)
+    w, h = _target_size(size, source_side)
+    return h, w
+
+
 def load_photo(name: str, source_side: int) -> np.ndarray:
     """The photo as uint8 RGB (H, W, 3), cropped and resized so its shorter side is ``source_side``.
 
@@ -85,13 +113,8 @@ def load_photo(name: str, source_side: int) -> np.ndarray:
         img = img.convert("RGB")
         crop = PHOTOS[name].crop
         if crop is not None:
-            w, h = img.size
-            img = img.crop(
-                (round(crop[1] * w), round(crop[0] * h), round(crop[3] * w), round(crop[2] * h))
-            )
-        w, h = img.size
-        scale = source_side / min(w, h)
-        size = (max(source_side, round(w * scale)), max(source_side, round(h * scale)))
+            img = img.crop(_crop_box(img.size, crop))
+        size = _target_size(img.size, source_side)
         # PIL's bilinear filter widens with the reduction factor, so downscaling is antialiased.
         img = img.resize(size, Image.Resampling.BILINEAR)
         return np.asarray(img, dtype=np.uint8).copy()
@@ -128,6 +151,23 @@ class Patches(DatasetSource):
                 )
             if len(set(self.photos)) != len(self.photos) or len(self.photos) < 2:
                 raise ConfigError("data.sources.patches.photos: list at least two distinct photos.")
+
+    @classmethod
+    def check_settings(cls, settings: Settings) -> None:
+        """Every photo's train and validation strips hold the patches asked of them (read from
+        the photos' headers and their crops, the same arithmetic as :func:`load_photo`)."""
+        for name in settings.photos:
+            h, w = photo_shape(name, settings.source_side)
+            train_box, val_box = regions((h, w), settings)
+            for split, box, n in (
+                ("train", train_box, settings.train_per_class),
+                ("val", val_box, settings.val_per_class),
+            ):
+                _check_positions(box, settings.image_size, n, f"the {split} region of {name!r}")
+
+    @classmethod
+    def train_labels(cls, settings: Settings) -> np.ndarray:
+        return np.repeat(np.arange(len(settings.photos)), settings.train_per_class)
 
     @classmethod
     def val_size(cls, settings: Any) -> int:
@@ -191,10 +231,8 @@ def regions(shape: tuple[int, int], s: Patches.Settings) -> tuple[Box, Box]:
     return (0, 0, h, train_len), (0, length - val_len, h, w)
 
 
-def sample_corners(
-    box: Box, size: int, n: int, rng: np.random.Generator, what: str
-) -> list[tuple[int, int]]:
-    """``n`` distinct top-left corners of ``size`` patches lying wholly inside ``box``."""
+def _check_positions(box: Box, size: int, n: int, what: str) -> tuple[int, int]:
+    """The rows and columns of ``size`` patch corners inside ``box``; at least ``n`` of them."""
     top, left, bottom, right = box
     rows, cols = bottom - top - size + 1, right - left - size + 1
     if n > rows * cols:
@@ -203,5 +241,14 @@ def sample_corners(
             f"but {n} were asked for; lower train_per_class/val_per_class or raise "
             f"source_side."
         )
+    return rows, cols
+
+
+def sample_corners(
+    box: Box, size: int, n: int, rng: np.random.Generator, what: str
+) -> list[tuple[int, int]]:
+    """``n`` distinct top-left corners of ``size`` patches lying wholly inside ``box``."""
+    top, left = box[:2]
+    rows, cols = _check_positions(box, size, n, what)
     flat = rng.choice(rows * cols, size=n, replace=False)
     return [(top + int(i // cols), left + int(i % cols)) for i in flat]

@@ -17,7 +17,9 @@ from gradinv.settings import bounded
 class CNN3:
     @dataclass(frozen=True)
     class Settings:
-        channels: tuple[int, ...] = (16, 32, 64)
+        channels: tuple[int, ...] = bounded(
+            (16, 32, 64), ge=1, min_items=1, doc="output channels of each convolution"
+        )
         kernel_size: int = bounded(5, ge=1)
 
     @staticmethod

@@ -23,23 +23,32 @@ def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
         raise RuntimeError(f"prepare_dataset wrote {written}, expected {out}")
 
 
-def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: Path) -> None:
-    ds = load_prepared(dataset, prepared_dir)
-    p = from_mapping(PartitionSettings, settings["partition"], where="partition")
-    public = public_indices(ds.train_labels, p.public_fraction, settings["seed"])
+def client_parts(labels: Any, p: PartitionSettings, seed: int) -> tuple[list[list[int]], list[int]]:
+    """Each client's indices into the train split, and the public split's (held out first).
+
+    The partition job's split; the configuration check runs it on the labels of a dataset whose
+    labels are known without its data (:meth:`DatasetSource.train_labels`)."""
+    public = public_indices(labels, p.public_fraction, seed)
     held = set(public)
-    rest = [i for i in range(len(ds.train_labels)) if i not in held]
+    rest = [i for i in range(len(labels)) if i not in held]
     parts = partition_indices(
-        ds.train_labels[rest],
+        labels[rest],
         p.scheme,
         p.num_clients,
-        settings["seed"],
+        seed,
         alpha=p.alpha,
         labels_per_client=p.labels_per_client,
     )
+    return [[rest[i] for i in part] for part in parts], public
+
+
+def partition(settings: dict[str, Any], dataset: str, prepared_dir: Path, out: Path) -> None:
+    ds = load_prepared(dataset, prepared_dir)
+    p = from_mapping(PartitionSettings, settings["partition"], where="partition")
+    clients, public = client_parts(ds.train_labels, p, settings["seed"])
     write_partition(
         out,
-        [[rest[i] for i in part] for part in parts],
+        clients,
         {
             "dataset": dataset,
             "data_sha256": ds.sha256,
