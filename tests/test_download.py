@@ -4,6 +4,8 @@ Each test writes a few images in the real on-disk format (CIFAR pickles in a tar
 gzip files, SVHN .mat), serves them from 127.0.0.1 and points the dataset's ``mirror`` at the
 server. torchvision's recorded MD5s are patched to the tiny files' true MD5s, so (a) a correct
 download loads with the right shapes and labels and (b) a tampered file fails the checksum.
+The last section plays misbehaving servers (trickling, oversized, lying about their size)
+against :func:`gradinv.data.download.download` and the command line.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import pickle
+import re
 import struct
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +27,9 @@ import scipy.io
 import torch
 from torchvision import datasets
 
+from gradinv.cli import main
 from gradinv.data import DATASETS, DownloadError, dataset_settings
+from gradinv.data.download import CHUNK_BYTES, download
 
 RNG = np.random.default_rng(0)
 
@@ -208,3 +215,108 @@ def test_svhn_downloads_from_mirror_and_loads(server, tmp_path, monkeypatch):
     assert raw.val_labels.tolist() == labels["test"].tolist()
     with pytest.raises(DownloadError, match="corrupted"):
         load("svhn", {"mirror": f"{server.url}/bad"}, tmp_path / "raw_bad")
+
+
+# --- Misbehaving servers: deadline, byte limit, Content-Length, the command line ------------------
+
+BODY = bytes(range(256)) * 400  # 102,400 bytes, the "official" file of these tests
+BODY_MD5 = hashlib.md5(BODY).hexdigest()
+
+
+def leftovers(folder: Path) -> list[str]:
+    """What a refused download left in ``folder``, temporary files included."""
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_file_of_known_size_downloads(server, tmp_path):
+    url = server.serve("ok.bin", BODY)
+    dest = download([url], tmp_path / "raw" / "ok.bin", BODY_MD5, name="test", size=len(BODY))
+    assert dest.read_bytes() == BODY and leftovers(dest.parent) == ["ok.bin"]
+
+
+def test_a_trickling_server_is_abandoned_at_the_deadline(server, tmp_path):
+    # One byte every 50 ms: every read succeeds, so only an overall deadline stops it (~85 min).
+    url = server.stream("slow.bin", [b"x"] * len(BODY), length=len(BODY), pause=0.05)
+    dest = tmp_path / "raw" / "slow.bin"
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as err:
+        download([url], dest, BODY_MD5, name="test", size=len(BODY), deadline_s=1.0)
+    elapsed = time.monotonic() - start
+    message = str(err.value)
+    assert 1.0 <= elapsed < 2.0
+    assert f"{url} did not deliver slow.bin within its 1.0 s deadline" in message
+    assert f"put the verified file at {dest} by hand" in message and "\n" not in message
+    assert 0 < server.sent["/slow.bin"] < 100
+    assert leftovers(dest.parent) == []
+
+
+def test_a_stream_larger_than_the_known_size_is_cut_off_at_it(server, tmp_path):
+    # 64 MiB without a Content-Length (the body ends when the connection closes).
+    url = server.stream("big.bin", [b"x" * 65536] * 1024, length=None)
+    dest = tmp_path / "raw" / "big.bin"
+    with pytest.raises(DownloadError) as err:
+        download([url], dest, BODY_MD5, name="test", size=len(BODY))
+    message = str(err.value)
+    assert f"{url} sent more than the {len(BODY)} bytes of big.bin" in message
+    refused_at = int(re.search(r"refused at (\d+) bytes", message).group(1))
+    assert len(BODY) < refused_at <= len(BODY) + CHUNK_BYTES  # the first read past the size
+    assert server.sent["/big.bin"] < 16 << 20  # the rest was never sent (socket buffers aside)
+    assert leftovers(dest.parent) == []
+
+
+def test_a_short_stream_is_refused(server, tmp_path):
+    url = server.stream("short.bin", [BODY[:1000]], length=None)
+    dest = tmp_path / "raw" / "short.bin"
+    with pytest.raises(DownloadError, match=f"ended short.bin after 1000 of its {len(BODY)} bytes"):
+        download([url], dest, BODY_MD5, name="test", size=len(BODY))
+    assert leftovers(dest.parent) == []
+
+
+def test_a_content_length_that_disagrees_with_the_known_size_is_refused_unread(server, tmp_path):
+    # The body would follow 3 s after the headers: a download that read it would take that long.
+    url = server.stream("lie.bin", [BODY * 2], length=2 * len(BODY), pause=3.0)
+    dest = tmp_path / "raw" / "lie.bin"
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as err:
+        download([url], dest, BODY_MD5, name="test", size=len(BODY))
+    assert time.monotonic() - start < 1.0
+    assert (
+        f"{url} announced {2 * len(BODY)} bytes for lie.bin (its Content-Length), but the "
+        f"official file has {len(BODY)}" in str(err.value)
+    )
+    assert server.sent["/lie.bin"] == 0 and leftovers(dest.parent) == []
+
+
+def test_every_file_the_loaders_download_has_its_size_recorded():
+    """Sizes are keyed by torchvision's MD5s: a checksum torchvision changes shows up here."""
+    from gradinv.data import cifar, mnist, svhn
+
+    assert cifar.SIZES[datasets.CIFAR10.tgz_md5] == 170_498_071
+    assert cifar.SIZES[datasets.CIFAR100.tgz_md5] == 169_001_437
+    assert [mnist.SIZES[md5] for _, md5 in datasets.MNIST.resources] == [
+        9_912_422,
+        28_881,
+        1_648_877,
+        4_542,
+    ]
+    svhn_md5 = {split: md5 for split, (_, _, md5) in datasets.SVHN.split_list.items()}
+    assert svhn.SIZES[svhn_md5["train"]] == 182_040_794
+    assert svhn.SIZES[svhn_md5["test"]] == 64_275_384
+
+
+def test_the_command_line_prints_a_refused_download_as_one_line(server, tmp_path, capsys):
+    # MNIST's official first file has a known size (9,912,422 bytes); this mirror announces 5.
+    url = server.stream("train-images-idx3-ubyte.gz", [b"x" * 5], length=5)
+    settings = {"dataset": "mnist", "settings": {"mirror": server.url}, "seed": 0}
+    raw, out = tmp_path / "raw", tmp_path / "prepared" / "mnist.pt"
+    code = main(
+        ["prepare", "--settings", json.dumps(settings), "--raw-dir", str(raw), "--out", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert code == 3 and "Traceback" not in err
+    progress = [line for line in err.splitlines() if line.startswith("mnist: downloading ")]
+    [refusal] = [line for line in err.splitlines() if line not in progress]
+    assert refusal.startswith("gradinv prepare: bad input: mnist: no verified copy of ")
+    assert f"{url} announced 5 bytes" in refusal and "9912422" in refusal
+    assert "data.sources.mnist.mirror" in refusal and "by hand" in refusal
+    assert not out.exists() and leftovers(raw / "mnist" / "MNIST" / "raw") == []

@@ -27,6 +27,14 @@ from gradinv.data.download import (
     verify,
 )
 
+# Byte sizes of the official files, by torchvision's MD5: a size belongs to one exact file, so if
+# torchvision's checksum changes no size is found here and download() falls back to the server's
+# Content-Length (see download.py).
+SIZES = {
+    "c58f30108f718f92721af3b95e74349a": 170_498_071,  # cifar-10-python.tar.gz
+    "eb9058c3a382ffc7106e4002c42a8d85": 169_001_437,  # cifar-100-python.tar.gz
+}
+
 
 class _Cifar(TorchvisionSource):
     tv_name: ClassVar[str]  # torchvision's dataset class
@@ -49,7 +57,8 @@ class _Cifar(TorchvisionSource):
         # Files already extracted are used only if every one matches its MD5; otherwise the
         # (verified) archive is unpacked again over them.
         if any(not path.is_file() or md5_file(path) != md5 for path, md5 in extracted):
-            archive = download([url], root / tv.filename, tv.tgz_md5, name=cls.name)
+            size = SIZES.get(tv.tgz_md5)
+            archive = download([url], root / tv.filename, tv.tgz_md5, name=cls.name, size=size)
             extract_tar(archive, root, name=cls.name)
         verify(cls.name, extracted)
         splits = [tv(str(root), train=train, download=False) for train in (True, False)]

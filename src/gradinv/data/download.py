@@ -1,20 +1,35 @@
 """Shared plumbing of the download-backed datasets (torchvision's CIFAR, MNIST, SVHN).
 
-Files, URLs and MD5s are torchvision's; fetching, checking and unpacking are done here, because
-each of them is a place where a hostile or broken server could reach us:
+Files, URLs and MD5s are torchvision's, byte sizes are recorded by each loader; fetching,
+checking and unpacking are done here, because each of them is a place where a hostile or broken
+server could reach us:
 
-- :func:`download` writes to a temporary file and renames it into place only once its MD5 matches
-  the recorded one, so a wrong file never sits where a later run would find it; a file already on
-  disk is checked too and fetched again when it fails. Failures raise :class:`DownloadError`
-  naming the file, the URL, the expected and actual MD5 and the fix.
+- :func:`download` streams into a temporary file beside the destination, hashing as it writes,
+  and renames it into place only once its MD5 matches the recorded one, so a wrong, truncated or
+  half-written file never sits where a later run would find it; a file already on disk is checked
+  too and fetched again when it fails. Each transfer is bounded:
+
+  * in bytes, by the file's known size: a Content-Length that disagrees with it is refused before
+    the body is read, a body that grows past it is refused at the first byte too many, a shorter
+    one at its end. A loader that knows no size (torchvision changed the file) falls back to the
+    server's Content-Length, and without one to :data:`UNKNOWN_SIZE_LIMIT`;
+  * in time, by an overall deadline (:func:`deadline_for`: :data:`DEADLINE_BASE_S` plus the
+    expected bytes at :data:`MIN_BYTES_PER_S`, 33 minutes for CIFAR-10's 170 MB). A socket
+    timeout alone bounds each read, so a server sending a byte every few seconds would hold a job
+    forever; the transfer runs in a worker thread and is abandoned at the deadline, whatever
+    phase it is in (connecting, headers, body).
+
+  Every refusal raises :class:`DownloadError` with a one-line message naming the URL, the file,
+  what was wrong and the fix (a mirror, or placing the verified file by hand); ``gradinv <verb>``
+  prints it as one line and exits with code 3.
 - :func:`extract_tar` checks every member before writing anything and refuses absolute paths,
   ``..`` components, links that leave the folder, devices and FIFOs. torchvision's own extraction
   is a plain ``extractall``, which on Python < 3.14 writes wherever a member points.
 - torchvision's classes are then built with ``download=False``: they only read, and they check
   the MD5 of each file before unpickling it (CIFAR's batches are pickles).
 
-``mirror`` replaces only the base URL: the file names and checksums stay torchvision's, so a mirror
-serving a different file fails loudly instead of silently changing the data.
+``mirror`` replaces only the base URL: the file names, sizes and checksums stay the official
+ones, so a mirror serving a different file fails loudly instead of silently changing the data.
 """
 
 from __future__ import annotations
@@ -22,14 +37,18 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import queue
 import shutil
 import sys
 import tarfile
+import threading
+import time
 import urllib.request
 from dataclasses import dataclass
+from email.message import Message
 from http.client import HTTPException
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import ClassVar
+from typing import ClassVar, cast
 from urllib.error import URLError
 
 import numpy as np
@@ -40,8 +59,20 @@ from gradinv.data.base import DatasetSource, DownloadError, RawSplits, resize_im
 from gradinv.io import atomic_path
 from gradinv.settings import bounded
 
-# urlopen's default is no timeout: a silent server would hang the pipeline forever.
+# urlopen's default is no timeout: a silent server would hang the pipeline forever. This bounds
+# each wait for the server (connecting, one read); the deadline below bounds the whole transfer.
 SOCKET_TIMEOUT_S = 60.0
+# The overall deadline of one transfer: a fixed allowance (connection, redirects, a slow start)
+# plus the expected bytes at a slow link's throughput (100 kB/s, under 1 Mbit/s). CIFAR-10's
+# 170 MB get 33 minutes, SVHN's train split 35; a mirror slower than that is better replaced.
+DEADLINE_BASE_S = 300.0
+MIN_BYTES_PER_S = 100_000
+# The byte limit of a file whose size is unknown and whose server sends no Content-Length: above
+# any file these datasets have (the largest, SVHN's unused extra split, is 1.3 GB).
+UNKNOWN_SIZE_LIMIT = 2 << 30
+# The most one read returns; a read returns as soon as any bytes arrived, so the deadline and
+# the byte limit are checked after every packet a trickling server sends.
+CHUNK_BYTES = 1 << 20
 # The agent torchvision sends; some dataset hosts refuse urllib's default one.
 USER_AGENT = "pytorch/vision"
 
@@ -69,38 +100,180 @@ def md5_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _fix(name: str, dest: Path, md5: str) -> str:
+def deadline_for(size: int | None) -> float:
+    """Seconds one transfer of a ``size``-byte file may take; a file of unknown size (None) is
+    given the time of :data:`UNKNOWN_SIZE_LIMIT` bytes, about 6 hours."""
+    return DEADLINE_BASE_S + (UNKNOWN_SIZE_LIMIT if size is None else size) / MIN_BYTES_PER_S
+
+
+def _fix(name: str, dest: Path, md5: str, size: int | None) -> str:
+    bytes_ = "" if size is None else f", {size} bytes"
     return (
-        f"Check that data.sources.{name}.mirror in params.yaml (empty = the official URL) "
-        f"serves the official file and rerun to download it again, or put the verified file at "
-        f"{dest} by hand (MD5 {md5})."
+        f"Fix: set data.sources.{name}.mirror in params.yaml (empty = the official URL) to a "
+        f"server that has the official file and rerun to download it again, or put the verified "
+        f"file at {dest} by hand (MD5 {md5}{bytes_})."
     )
 
 
-def download(urls: list[str], dest: Path, md5: str, *, name: str) -> Path:
+class _DeadlinePassed(Exception):
+    """The transfer's deadline passed while waiting for the worker (never leaves this module)."""
+
+
+class _Transfer:
+    """One HTTP GET in a worker thread, so that the caller can give up at its deadline whatever
+    the server does: a read blocked on a stalled or trickling server cannot hold the caller.
+
+    The worker hands over the response's headers, waits until the caller accepts them
+    (:meth:`accept`: nothing of the body is read before), then the body in chunks and ``b""`` at
+    its end; an exception that stops it is handed over instead. A stopped worker ends after its
+    current read, which the socket timeout bounds.
+    """
+
+    def __init__(self, url: str, socket_timeout: float) -> None:
+        self._items: queue.Queue[Message | bytes | Exception] = queue.Queue(maxsize=8)
+        self._accepted = threading.Event()
+        self._stopped = threading.Event()
+        worker = threading.Thread(target=self._run, args=(url, socket_timeout), daemon=True)
+        worker.start()
+
+    def _run(self, url: str, socket_timeout: float) -> None:
+        try:
+            request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+            with urllib.request.urlopen(request, timeout=socket_timeout) as response:
+                self._put(response.headers)
+                self._accepted.wait()
+                while not self._stopped.is_set():
+                    chunk = response.read1(CHUNK_BYTES)  # whatever arrived, not a full chunk
+                    self._put(chunk)
+                    if not chunk:
+                        return
+        except Exception as err:  # handed to the caller, which reports it
+            self._put(err)
+
+    def _put(self, item: Message | bytes | Exception) -> None:
+        while not self._stopped.is_set():  # the queue is bounded: wait, unless stopped
+            try:
+                self._items.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                pass
+
+    def headers(self, end: float) -> Message:
+        """The response's headers (the worker's first item), waiting until ``end`` at most."""
+        return cast(Message, self._next(end))
+
+    def chunk(self, end: float) -> bytes:
+        """The body's next bytes, ``b""`` at its end, waiting until ``end`` at most."""
+        return cast(bytes, self._next(end))
+
+    def _next(self, end: float) -> Message | bytes:
+        """The next item, waiting until the monotonic time ``end`` at most."""
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise _DeadlinePassed
+        try:
+            item = self._items.get(timeout=remaining)
+        except queue.Empty:
+            raise _DeadlinePassed from None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def accept(self) -> None:
+        self._accepted.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._accepted.set()
+
+
+def _fetch(url: str, tmp: Path, dest: Path, size: int | None, deadline_s: float) -> str:
+    """Stream ``url`` into ``tmp`` within the limits described in the module docstring; return
+    the MD5 of what was written. Raises :class:`DownloadError` for a refusal, and the transfer's
+    own error (URLError, OSError, HTTPException) when the server failed."""
+    end = time.monotonic() + deadline_s
+    transfer = _Transfer(url, min(SOCKET_TIMEOUT_S, deadline_s))
+    received = 0
+    try:
+        announced = transfer.headers(end).get("Content-Length")
+        if announced is not None and not announced.strip().isdigit():
+            raise DownloadError(f"{url} sent an invalid Content-Length {announced!r}; refused")
+        announced_size = None if announced is None else int(announced)
+        if size is not None and announced_size is not None and announced_size != size:
+            raise DownloadError(
+                f"{url} announced {announced_size} bytes for {dest.name} (its Content-Length), "
+                f"but the official file has {size}: it is not the official file; refused before "
+                f"reading it"
+            )
+        expected = size if size is not None else announced_size
+        limit = expected if expected is not None else UNKNOWN_SIZE_LIMIT
+        transfer.accept()
+        h = hashlib.md5(usedforsecurity=False)
+        with open(tmp, "wb") as f:
+            while chunk := transfer.chunk(end):
+                received += len(chunk)
+                if received > limit:
+                    raise DownloadError(
+                        f"{url} sent more than the {limit} bytes "
+                        + ("" if expected is not None else "allowed for a file of unknown size ")
+                        + f"of {dest.name}; refused at {received} bytes"
+                    )
+                h.update(chunk)
+                f.write(chunk)
+        # Of unknown size, a body shorter than its Content-Length is left to the MD5 check.
+        if size is not None and received < size:
+            raise DownloadError(
+                f"{url} ended {dest.name} after {received} of its {size} bytes: the transfer "
+                f"was cut short; refused"
+            )
+        return h.hexdigest()
+    except _DeadlinePassed:
+        of = "" if size is None else f" of {size}"
+        raise DownloadError(
+            f"{url} did not deliver {dest.name} within its {deadline_s:.1f} s deadline "
+            f"({received}{of} bytes received): the server stalled or is too slow; abandoned"
+        ) from None
+    finally:
+        transfer.stop()
+
+
+def download(
+    urls: list[str],
+    dest: Path,
+    md5: str,
+    *,
+    name: str,
+    size: int | None = None,
+    deadline_s: float | None = None,
+) -> Path:
     """Make ``dest`` a file with MD5 ``md5``, fetched from the first of ``urls`` that serves one.
 
-    A file already at ``dest`` is used only if its MD5 matches; otherwise it is deleted and fetched
-    again. A download is written beside ``dest`` and renamed onto it only after its MD5 matched,
-    so a wrong or truncated file is never left where a later run would find it.
+    ``size`` is the file's byte size where known (None: the server's Content-Length is the limit,
+    or :data:`UNKNOWN_SIZE_LIMIT` without one); ``deadline_s`` bounds each URL's transfer
+    (None: :func:`deadline_for` the size). A file already at ``dest`` is used only if its size and
+    MD5 match; otherwise it is deleted and fetched again. A download is written beside ``dest``
+    and renamed onto it only after its MD5 matched, so a refused, wrong or truncated file is never
+    left where a later run would find it.
     """
     dest = Path(dest)
+    deadline_s = deadline_for(size) if deadline_s is None else deadline_s
     failures = []
     if dest.is_file():
-        found = md5_file(dest)
-        if found == md5:
+        found = dest.stat().st_size
+        if size is not None and found != size:
+            failures.append(
+                f"{dest} was already there with {found} bytes, expected {size}; deleted"
+            )
+        elif (actual := md5_file(dest)) == md5:
             return dest
+        else:
+            failures.append(f"{dest} was already there with MD5 {actual}, expected {md5}; deleted")
         dest.unlink()  # never trusted; fetched again below
-        failures.append(f"{dest} was already there with MD5 {found}, expected {md5}; deleted")
     for url in urls:
         print(f"{name}: downloading {url} to {dest}", file=sys.stderr)
         try:
             with atomic_path(dest) as tmp:
-                request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
-                response = urllib.request.urlopen(request, timeout=SOCKET_TIMEOUT_S)
-                with response, open(tmp, "wb") as f:
-                    shutil.copyfileobj(response, f)
-                actual = md5_file(tmp)
+                actual = _fetch(url, tmp, dest, size, deadline_s)
                 if actual != md5:
                     # Raised inside atomic_path: the temporary file is deleted, dest untouched.
                     raise DownloadError(
@@ -116,9 +289,12 @@ def download(urls: list[str], dest: Path, md5: str, *, name: str) -> Path:
                 f"{url} could not be downloaded ({type(err).__name__}: {err}): the server could "
                 f"not be reached, refused the request or broke off the transfer"
             )
+    # One line: the command line prints it as the job's one error message.
     raise DownloadError(
         f"{name}: no verified copy of {dest.name} could be downloaded into {dest.parent}; "
-        f"nothing was written there:\n  " + "\n  ".join(failures) + f"\n{_fix(name, dest, md5)}"
+        f"nothing was written there. "
+        + "; ".join(failure.replace("\n", " ") for failure in failures)
+        + f". {_fix(name, dest, md5, size)}"
     )
 
 

@@ -16,6 +16,16 @@ from torch import Tensor
 from gradinv.data import DATASETS
 from gradinv.data.download import DownloadSettings, TorchvisionSource, download, gunzip
 
+# Byte sizes of the official files, by torchvision's MD5: a size belongs to one exact file, so if
+# torchvision's checksum changes no size is found here and download() falls back to the server's
+# Content-Length (see download.py).
+SIZES = {
+    "f68b3c2dcbeaaa9fbdd348bbdeb94873": 9_912_422,  # train-images-idx3-ubyte.gz
+    "d53e105ee54ea40749a09fcbcd1e9432": 28_881,  # train-labels-idx1-ubyte.gz
+    "9fb629c4189551a2d022fa330f9573f3": 1_648_877,  # t10k-images-idx3-ubyte.gz
+    "ec29112dd5afa0611ce80d1b7f02629c": 4_542,  # t10k-labels-idx1-ubyte.gz
+}
+
 
 @DATASETS.register("mnist")
 class Mnist(TorchvisionSource):
@@ -35,7 +45,8 @@ class Mnist(TorchvisionSource):
         # archives on every load rather than trusted.
         raw = root / tv.__name__ / "raw"
         for fname, md5 in tv.resources:
-            archive = download([m + fname for m in mirrors], raw / fname, md5, name=cls.name)
+            urls = [m + fname for m in mirrors]
+            archive = download(urls, raw / fname, md5, name=cls.name, size=SIZES.get(md5))
             gunzip(archive, raw / fname.removesuffix(".gz"))
         splits = [tv(str(root), train=train, download=False) for train in (True, False)]
         out: list = []

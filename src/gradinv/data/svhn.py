@@ -17,6 +17,15 @@ from torch import Tensor
 from gradinv.data import DATASETS
 from gradinv.data.download import DownloadSettings, TorchvisionSource, download, mirror_url
 
+# Byte sizes of the official files, by torchvision's MD5: a size belongs to one exact file, so if
+# torchvision's checksum changes no size is found here and download() falls back to the server's
+# Content-Length (see download.py).
+SIZES = {
+    "e26dedcc434d2e4c54c9b2d4a06d8373": 182_040_794,  # train_32x32.mat
+    "eb5a983be6a315427106f1b164d9cef3": 64_275_384,  # test_32x32.mat
+    "a93ce644f1a588dc4d68dda5feec44a7": 1_329_278_602,  # extra_32x32.mat (not used)
+}
+
 
 @DATASETS.register("svhn")
 class Svhn(TorchvisionSource):
@@ -35,7 +44,7 @@ class Svhn(TorchvisionSource):
         for split in ("train", "test"):
             official, fname, md5 = tv.split_list[split]
             urls[split] = mirror_url(official, settings.mirror)  # checksums stay torchvision's
-            download([urls[split]], root / fname, md5, name=cls.name)
+            download([urls[split]], root / fname, md5, name=cls.name, size=SIZES.get(md5))
             ds = tv(str(root), split=split, download=False)  # checks the MD5 again, then reads
             out.append(torch.from_numpy(np.ascontiguousarray(ds.data)))
             out.append(torch.as_tensor(ds.labels, dtype=torch.int64))
