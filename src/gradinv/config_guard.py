@@ -30,9 +30,11 @@ from typing import Any
 
 TARGET = "snakemake.common.configfile"
 PTH_NAME = "gradinv_config_guard.pth"
-# One line, run by the site module at start-up; harmless where gradinv is not installed.
+# One line, run by the site module at start-up; it does nothing where gradinv, or this module
+# (an older checkout on the path), is not found.
 PTH_LINE = (
     "import importlib.util as _u; _u.find_spec('gradinv') and "
+    "_u.find_spec('gradinv.config_guard') and "
     "__import__('gradinv.config_guard').config_guard.install()\n"
 )
 
