@@ -7,7 +7,6 @@ exercised by the workflow tests.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +16,7 @@ from PIL import Image
 
 from gradinv.defenses import build_defense
 from gradinv.fl.official import OfficialLoop, train_official
+from gradinv.io import write_json
 from gradinv.models import build_model
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec
@@ -47,17 +47,16 @@ def summary(tmp: Path, defense: str, k: int, final: float, status: str = "ok") -
     ]
     path = tmp / defense / f"k{k}" / "summary.json"
     path.parent.mkdir(parents=True)
-    path.write_text(
-        json.dumps(
-            {
-                "status": status,
-                "failure": None if status == "ok" else "loss diverged at round 3",
-                "history": history if status == "ok" else history[:1],
-                "defense": defense,
-                "defense_stats": {"updates": 40, "fallbacks": 0} if defense == "censor" else None,
-                "git_commit": "abc",
-            }
-        )
+    write_json(  # as the train stage writes it: with its digest
+        path,
+        {
+            "status": status,
+            "failure": None if status == "ok" else "loss diverged at round 3",
+            "history": history if status == "ok" else history[:1],
+            "defense": defense,
+            "defense_stats": {"updates": 40, "fallbacks": 0} if defense == "censor" else None,
+            "git_commit": "abc",
+        },
     )
     return path
 
@@ -123,7 +122,7 @@ def official_summary(tmp: Path, defense: str, final: float) -> Path:
     path = tmp / defense / "official" / "summary.json"
     path.parent.mkdir(parents=True)
     record = {"status": "ok", "failure": None, "history": history, "defense": defense}
-    path.write_text(json.dumps({**record, "defense_stats": None, "git_commit": "abc"}))
+    write_json(path, {**record, "defense_stats": None, "git_commit": "abc"})
     return path
 
 

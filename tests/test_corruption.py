@@ -1,6 +1,8 @@
 """Corrupted inputs: a truncated or altered dataset, checkpoint, capture or metrics file is
 rejected with a message naming the file and the command that regenerates it."""
 
+import json
+
 import pytest
 import torch
 
@@ -124,3 +126,79 @@ def test_the_digest_sees_every_value():
         {**base, "c": {"d": 0.25}},
     ):
         assert content_digest(changed) != content_digest(base)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON result files carry a sha256 of their content (issue 31): an edited value is refused
+
+
+def edit_json(path, change):
+    """Change a value of a JSON file and keep it valid JSON (the stored digest is left as is)."""
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_an_edited_metrics_value_stops_the_table_by_name(chain):
+    from gradinv.tables import collect
+
+    assert collect([chain.scores])["psnr"].tolist() != [55.93]
+    edit_json(chain.scores, lambda d: d["runs"][0].update(psnr=55.93))
+    with pytest.raises(CorruptFileError) as err:  # before: a table cell of 55.93, silently
+        collect([chain.scores])
+    assert f"{chain.scores} is corrupted: its content does not match the sha256" in str(err.value)
+    assert f"Regenerate it with: rm -f {chain.scores} && snakemake {chain.scores}" in str(err.value)
+
+
+def test_an_edited_partition_stops_the_training_by_name(chain, capsys):
+    def move_one_image(data):  # still disjoint, still the same clients: only the digest knows
+        data["clients"][0].append(data["clients"][1].pop())
+
+    edit_json(chain.partition, move_one_image)
+    assert chain.train() == 3  # before: 0, trained on the edited split
+    err = capsys.readouterr().err
+    assert f"{chain.partition} is corrupted" in err
+    assert f"Regenerate it with: rm -f {chain.partition} && snakemake {chain.partition}" in err
+
+
+def test_an_edited_training_summary_stops_the_utility_table_by_name(chain, tmp_path):
+    from gradinv.jobs import job_settings
+    from gradinv.stages import utility
+
+    settings = json.loads(job_settings(chain.config, "utility_report"))
+    utility.run(settings, [chain.summary], tmp_path)  # the untouched summary makes a table
+    edit_json(chain.summary, lambda d: d["history"][-1].update(test_accuracy=0.99))
+    with pytest.raises(CorruptFileError) as err:
+        utility.run(settings, [chain.summary], tmp_path)
+    assert f"{chain.summary} is corrupted" in str(err.value)
+    assert f"rm -f {chain.summary} && snakemake {chain.summary}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("index", "why"),
+    [(-1, "outside the train split"), (10**6, "outside the train split")],
+    ids=["negative", "past-the-end"],
+)
+def test_a_partition_index_outside_the_split_is_bad_input(chain, capsys, index, why):
+    """Written with a valid digest (a bug, or a file made for another dataset): -1 would alias
+    the last train image, one of the attacker's public split; 10**6 would fail mid-training."""
+    from gradinv.data.partition import write_partition
+    from gradinv.io import read_json
+
+    data = read_json(chain.partition)
+    data["clients"][1][0] = index
+    write_partition(chain.partition, data["clients"], data["meta"], data["public"])
+    assert chain.train() == 3  # before: 0 (negative) or an IndexError traceback
+    err = capsys.readouterr().err
+    assert f"{chain.partition}: client 1 holds index {index}, {why}" in err
+    assert f"Regenerate it with: rm -f {chain.partition}" in err
+
+
+def test_the_regenerate_command_repeats_the_pipelines_options(chain, capsys, monkeypatch):
+    options = "--configfile workflow/configs/paper.yaml 'my extra.yaml' --profile profiles/slurm"
+    monkeypatch.setenv("GRADINV_SNAKEMAKE_OPTIONS", options)
+    truncate(chain.capture)
+    assert chain.run_attack() == 3
+    err = capsys.readouterr().err
+    # before: "... snakemake <capture> --cores 1", which rebuilds it at the default scale
+    assert f"rm -f {chain.capture} && snakemake {chain.capture} --cores 1 {options}" in err

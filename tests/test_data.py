@@ -251,12 +251,11 @@ def test_partition_file_round_trip(tmp_path):
     parts = partition_indices(LABELS, "dirichlet", num_clients=4, seed=0)
     path = tmp_path / "p" / "part.json"
     write_partition(path, parts, {"scheme": "dirichlet", "seed": 0})
-    assert read_partition(path) == (parts, {"scheme": "dirichlet", "seed": 0})
-    data = json.loads(path.read_text())
-    data["clients"][1].append(data["clients"][0][0])
-    path.write_text(json.dumps(data))
+    assert read_partition(path, len(LABELS)) == (parts, {"scheme": "dirichlet", "seed": 0})
+    parts[1].append(parts[0][0])  # a sample in two clients (an edit fails the digest first)
+    write_partition(path, parts, {"scheme": "dirichlet", "seed": 0})
     with pytest.raises(CorruptFileError, match="inconsistent"):
-        read_partition(path)
+        read_partition(path, len(LABELS))
 
 
 def test_partition_settings_are_checked():

@@ -321,14 +321,14 @@ def test_training_on_public_data_needs_a_public_split_of_this_very_dataset(monke
     from gradinv.settings import ConfigError
     from gradinv.stages.common import public_split
 
-    ds = SimpleNamespace(name="patches", sha256="abc")
+    ds = SimpleNamespace(name="patches", sha256="abc", train_labels=[0] * 6)
     settings = {"partition": {"public_fraction": 0.0}}
-    monkeypatch.setattr(gradinv.data, "read_partition", lambda p: ([], {"data_sha256": "abc"}))
-    monkeypatch.setattr(gradinv.data, "read_public", lambda p: [])
+    monkeypatch.setattr(gradinv.data, "read_partition", lambda p, n: ([], {"data_sha256": "abc"}))
+    monkeypatch.setattr(gradinv.data, "read_public", lambda p, n: [])
     with pytest.raises(ConfigError, match=r"evaluation_network: .*public_fraction above 0"):
         public_split(settings, ds, "part.json", "evaluation_network")
-    monkeypatch.setattr(gradinv.data, "read_public", lambda p: [3, 4])
+    monkeypatch.setattr(gradinv.data, "read_public", lambda p, n: [3, 4])
     assert public_split(settings, ds, "part.json", "generators.dcgan") == [3, 4]
-    monkeypatch.setattr(gradinv.data, "read_partition", lambda p: ([], {"data_sha256": "old"}))
+    monkeypatch.setattr(gradinv.data, "read_partition", lambda p, n: ([], {"data_sha256": "old"}))
     with pytest.raises(RuntimeError, match="another version of patches; rerun snakemake"):
         public_split(settings, ds, "part.json", "generators.dcgan")

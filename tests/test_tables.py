@@ -5,7 +5,6 @@ The metrics dicts below are synthetic test fixtures, not results.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from gradinv.io import write_json
 from gradinv.tables import (
     MetricsFileError,
     TableError,
@@ -84,7 +84,7 @@ def write(tmp_path: Path, records: list[dict]) -> list[Path]:
     for rec in records:
         name = f"{rec['dataset']}_{rec['defense']}_{rec['attack']}_r{rec['round']}_{rec['victim']}"
         path = folder / f"{name}.json"
-        path.write_text(json.dumps(rec))
+        write_json(path, rec)  # as the score stage writes it: with its digest
         paths.append(path)
     return paths
 
@@ -394,11 +394,11 @@ def test_malformed_files_are_named(tmp_path):
     with pytest.raises(MetricsFileError, match=r"broken\.json"):
         collect([*good, broken])
     incomplete = tmp_path / "incomplete.json"
-    incomplete.write_text(json.dumps({k: v for k, v in run().items() if k != "status"}))
+    write_json(incomplete, {k: v for k, v in run().items() if k != "status"})
     with pytest.raises(MetricsFileError, match=r"incomplete\.json: missing key\(s\) status"):
         collect([incomplete])
     twice = tmp_path / "twice.json"
-    twice.write_text(json.dumps(run()))
+    write_json(twice, run())
     with pytest.raises(MetricsFileError, match="same job"):
         collect([*good, twice])
 

@@ -1,12 +1,11 @@
 """The utility table: each defense's accuracy over its seeds beside training without a defense,
 paired seed by seed."""
 
-import json
-
 import pandas as pd
 import pytest
 from scipy import stats
 
+from gradinv.io import write_json
 from gradinv.stages.utility import run, run_table, training_metrics, utility_table
 
 SETTINGS = {
@@ -110,7 +109,7 @@ def test_the_report_writes_both_csvs_and_a_labelled_markdown(tmp_path):
     paths = []
     for i, s in enumerate(RUNS):
         path = tmp_path / f"{i}.json"
-        path.write_text(json.dumps(s))
+        write_json(path, s)  # as the train stage writes it: with its digest
         paths.append(path)
     run(SETTINGS, paths, tmp_path)
     assert list(pd.read_csv(tmp_path / "utility.csv")["defense"]) == ["none", "dp_sgd", "noise"]

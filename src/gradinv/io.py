@@ -8,6 +8,18 @@ Tensor files verify themselves: :func:`save_tensors` stores the payload with a s
 content (every tensor's dtype, shape and bytes, every other value's JSON), and
 :func:`load_tensors` recomputes it. A truncated file fails to unpickle, an altered one fails the
 digest; both raise :class:`CorruptFileError` naming the file and the command that regenerates it.
+
+JSON result files (metrics, partitions, training summaries, manifests) verify themselves the same
+way and stay plain, readable JSON: :func:`write_json` adds one top-level field,
+``content_sha256``, the sha256 of the canonical JSON of every other field (keys sorted, no
+whitespace), and :func:`read_json` recomputes it and returns the object without it. An edited
+value, or a file written before this check existed (or by hand), carries no matching digest and is
+refused, so no table is rendered from a number nobody computed.
+
+The command that regenerates a file repeats the options the pipeline was started with (its
+``--configfile`` overlays, its profile): the Snakefile exports them to every job as
+``GRADINV_SNAKEMAKE_OPTIONS`` (:func:`snakemake_command`). Without them, the hint would rebuild
+the file at the default scale, and the next run under the overlay would redo it.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ import glob
 import hashlib
 import json
 import os
+import re
+import shlex
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,24 +69,78 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+#: The top-level field of a JSON result file that holds the sha256 of the rest.
+JSON_DIGEST = "content_sha256"
+#: What the Snakefile exports to every job: the shell-quoted options that select what is computed.
+SNAKEMAKE_OPTIONS = "GRADINV_SNAKEMAKE_OPTIONS"
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file; a truncated or garbled one raises :class:`CorruptFileError`."""
+def write_json(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:
+    """Write the JSON object ``obj`` atomically, with the digest :func:`read_json` checks."""
+    if not isinstance(obj, dict):
+        raise TypeError(f"a JSON result file holds an object; got {type(obj).__name__}")
+    if JSON_DIGEST in obj:
+        raise ValueError(f"{JSON_DIGEST!r} is the file's own field")
+    stamped = {**obj, JSON_DIGEST: json_digest(obj)}
+    write_text(path, json.dumps(stamped, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def read_json(path: str | os.PathLike[str], remedy: str = "") -> dict[str, Any]:
+    """Read a file written by :func:`write_json`, without its digest field.
+
+    A missing, truncated, garbled, altered or unstamped file raises :class:`CorruptFileError`
+    (:class:`FileNotFoundError` if missing) naming it and ``remedy``, the command that
+    regenerates it (by default, Snakemake's for its path).
+    """
+    hint = regenerate_hint(path, remedy)
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist.{hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptFileError(f"{path}: not valid JSON ({err}).{hint}") from None
+    if not isinstance(data, dict) or not isinstance(data.get(JSON_DIGEST), str):
         raise CorruptFileError(
-            f"{path} is not valid JSON ({err}).{regenerate_hint(path)}"
-        ) from None
+            f"{path} carries no {JSON_DIGEST}, so nothing vouches for its values: it was "
+            f"written by hand or before result files were checksummed.{hint}"
+        )
+    stored = data.pop(JSON_DIGEST)
+    if json_digest(data) != stored:
+        raise CorruptFileError(
+            f"{path} is corrupted: its content does not match the sha256 stored with it "
+            f"(a value was changed after it was written).{hint}"
+        )
+    return data
+
+
+def json_digest(obj: Any) -> str:
+    """sha256 of the canonical JSON of ``obj`` as a reader gets it back (tuples as lists, keys
+    as strings), with sorted keys and no whitespace, so indentation does not count."""
+    as_read = json.loads(json.dumps(obj, allow_nan=True))
+    text = json.dumps(as_read, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def snakemake_command(target: str | os.PathLike[str]) -> str:
+    """``snakemake <target> --cores 1`` with the options the running pipeline was started with
+    (``GRADINV_SNAKEMAKE_OPTIONS``, already shell-quoted; none outside Snakemake)."""
+    command = f"snakemake {_shell_word(target)} --cores 1"
+    options = os.environ.get(SNAKEMAKE_OPTIONS, "").strip()
+    return f"{command} {options}" if options else command
 
 
 def regenerate_hint(path: str | os.PathLike[str], remedy: str = "") -> str:
     """The sentence every corrupted-file message ends with: by default, Snakemake's command."""
-    return f" Regenerate it with: {remedy or f'rm -f {path} && snakemake {path} --cores 1'}"
+    remedy = remedy or f"rm -f {_shell_word(path)} && {snakemake_command(path)}"
+    return f" Regenerate it with: {remedy}"
+
+
+def _shell_word(path: str | os.PathLike[str]) -> str:
+    """``path`` quoted for the shell where it needs it (a space); a placeholder such as
+    ``data/evalnet/<dataset>.pt``, to be filled in before it runs, is left readable."""
+    text = str(path)
+    return text if re.fullmatch(r"[\w@%+=:,./<>-]+", text) else shlex.quote(text)
 
 
 FORMAT = "gradinv-tensors/1"

@@ -30,12 +30,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gradinv.io import CorruptFileError, read_json, write_json
+from gradinv.io import CorruptFileError, read_json, regenerate_hint, write_json
 from gradinv.settings import ConfigError, bounded
 
 Scheme = Literal["iid", "dirichlet", "shards"]
 SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "shards")
 DIRICHLET_TRIES = 100
+
+
+class PartitionFileError(CorruptFileError, ValueError):
+    """A partition file that does not fit the split it indexes; the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -172,38 +176,64 @@ def write_partition(
     )
 
 
-def read_partition(path: str | os.PathLike[str]) -> tuple[list[list[int]], dict[str, Any]]:
-    """Read a file written by :func:`write_partition`; return (clients, meta)."""
-    try:
-        data = read_json(path)
-        parts = [[int(i) for i in p] for p in data["clients"]]
-        meta = dict(data["meta"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise CorruptFileError(
-            f"{path} is not a partition file ({err!r}); delete it and rerun the partition step."
-        ) from err
-    flat = [i for p in parts for i in p]
-    if len(flat) != len(set(flat)) or len(parts) != data.get("num_clients"):
-        raise CorruptFileError(
-            f"{path} is inconsistent (a sample in two clients, or a wrong "
-            f"client count); delete it and rerun the partition step."
-        )
+def read_partition(
+    path: str | os.PathLike[str], num_train: int
+) -> tuple[list[list[int]], dict[str, Any]]:
+    """Read a file written by :func:`write_partition` for a train split of ``num_train`` images;
+    return (clients, meta). See :func:`read_split` for what is checked."""
+    parts, _, meta = read_split(path, num_train)
     return parts, meta
 
 
-def read_public(path: str | os.PathLike[str]) -> list[int]:
-    """The public split of a partition file (train indices no client holds); checked disjoint."""
-    parts, _ = read_partition(path)
+def read_public(path: str | os.PathLike[str], num_train: int) -> list[int]:
+    """The public split of a partition file (train indices no client holds); see
+    :func:`read_split`."""
+    return read_split(path, num_train)[1]
+
+
+def read_split(
+    path: str | os.PathLike[str], num_train: int
+) -> tuple[list[list[int]], list[int], dict[str, Any]]:
+    """(clients, public, meta) of a partition file for a train split of ``num_train`` images.
+
+    Besides the file's digest (:func:`gradinv.io.read_json`), every index must be an integer in
+    ``[0, num_train)`` (Python would read -1 as the last train image, possibly one of the
+    attacker's public split, and an index past the end fails only when a round draws it), and no
+    image may be held twice: by two clients, by one client twice, or by a client and the public
+    split. A file that breaks this raises :class:`PartitionFileError` naming the client and the
+    index."""
+    hint = regenerate_hint(path)
+    data = read_json(path)
     try:
-        public = [int(i) for i in read_json(path).get("public", [])]
-    except (TypeError, ValueError) as err:
-        raise CorruptFileError(
-            f"{path} has a malformed public split ({err!r}); rerun the partition step."
-        ) from err
-    shared = set(public) & {i for p in parts for i in p}
-    if shared:
-        raise CorruptFileError(
-            f"{path}: train image(s) {sorted(shared)[:5]} are both public and a client's; "
-            "delete it and rerun the partition step."
+        clients, public, meta = data["clients"], data.get("public", []), dict(data["meta"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise PartitionFileError(f"{path} is not a partition file ({err!r}).{hint}") from err
+    if not isinstance(clients, list) or data.get("num_clients") != len(clients):
+        raise PartitionFileError(
+            f"{path} is inconsistent: num_clients is {data.get('num_clients')!r} but it "
+            f"lists {len(clients) if isinstance(clients, list) else 'no'} clients.{hint}"
         )
-    return public
+    owner: dict[int, str] = {}
+    for who, indices in [*((f"client {c}", p) for c, p in enumerate(clients)), ("public", public)]:
+        for i in _indices(path, who, indices, hint):
+            if not 0 <= i < num_train:
+                raise PartitionFileError(
+                    f"{path}: {who} holds index {i}, outside the train split of {num_train} "
+                    f"images (0..{num_train - 1}).{hint}"
+                )
+            if i in owner:
+                raise PartitionFileError(
+                    f"{path} is inconsistent: train image {i} is held by both {owner[i]} and "
+                    f"{who}, but every image belongs to one client or the public split.{hint}"
+                )
+            owner[i] = who
+    return clients, public, meta
+
+
+def _indices(path: str | os.PathLike[str], who: str, indices: Any, hint: str) -> list[int]:
+    if not isinstance(indices, list):
+        raise PartitionFileError(f"{path}: {who} holds {indices!r}, not a list of indices.{hint}")
+    for i in indices:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise PartitionFileError(f"{path}: {who} holds {i!r}, not an integer index.{hint}")
+    return indices

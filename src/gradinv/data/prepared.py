@@ -21,14 +21,22 @@ from torch import Tensor
 
 from gradinv.data import DATASETS
 from gradinv.data.base import RawSplits
-from gradinv.io import CorruptFileError, load_tensors, read_json, save_tensors, write_json
+from gradinv.io import (
+    CorruptFileError,
+    load_tensors,
+    read_json,
+    save_tensors,
+    snakemake_command,
+    write_json,
+)
 from gradinv.settings import from_mapping
 
 TENSOR_KEYS = ("train_images", "train_labels", "val_images", "val_labels")
 
 
 def remedy(name: str) -> str:
-    return f"snakemake data/prepared/{name}.pt --cores 1 --forcerun prepare_data"
+    """The command that regenerates dataset ``name``, under the pipeline's own options."""
+    return f"{snakemake_command(f'data/prepared/{name}.pt')} --forcerun prepare_data"
 
 
 def dataset_settings(name: str, values: dict[str, Any] | None) -> Any:
@@ -186,7 +194,7 @@ def load_prepared(name: str, out_dir: Path) -> PreparedDataset:
             f"be verified. Regenerate it with: {remedy(name)}"
         )
     try:
-        manifest = read_json(manifest_path)
+        manifest = read_json(manifest_path, remedy=remedy(name))
         digest, paper_name = manifest["sha256"], manifest["paper_name"]
     except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
         raise CorruptFileError(

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from gradinv.io import sha256_file
+from gradinv.io import sha256_file, snakemake_command
 
 Context = dict[str, Tensor]
 
@@ -46,7 +46,7 @@ def verified_weights(path: str | Path, sha256: str, source: str, name: str) -> P
     path = Path(path)
     fix = (
         f"Fetch it from {source} (expected sha256 {sha256 or '<not recorded>'}) and put it at "
-        f"{path}, or run `snakemake {path} --cores 1`."
+        f"{path}, or run `{snakemake_command(path)}`."
     )
     if not path.is_file():
         raise WeightsError(f"generator {name}: weights file {path} does not exist. {fix}")

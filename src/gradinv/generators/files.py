@@ -29,7 +29,7 @@ from urllib.error import URLError
 
 from gradinv.generators import GENERATORS
 from gradinv.generators.base import Generator, WeightsError, verified_weights
-from gradinv.io import atomic_path, load_tensors, save_tensors, sha256_file
+from gradinv.io import atomic_path, load_tensors, save_tensors, sha256_file, snakemake_command
 from gradinv.settings import from_mapping
 
 COMMON_KEYS = (
@@ -82,7 +82,8 @@ def load_generator(name: str, block: dict[str, Any], path: str | Path) -> Genera
     cls = GENERATORS.get(block["kind"])
     settings = own_settings(name, block)
     if cls.trainable:
-        saved = load_tensors(path, remedy=f"snakemake {path} --cores 1 --forcerun train_generator")
+        remedy = f"{snakemake_command(path)} --forcerun train_generator"
+        saved = load_tensors(path, remedy=remedy)
         model = cls(settings, saved["resolution"], saved["channels"], saved["num_classes"])
         model.load_state_dict(saved["state"])
     else:

@@ -56,7 +56,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gradinv.io import CorruptFileError, content_digest, load_tensors, save_tensors
+from gradinv.io import (
+    CorruptFileError,
+    content_digest,
+    load_tensors,
+    save_tensors,
+    snakemake_command,
+)
 from gradinv.metrics.base import MetricSettings
 from gradinv.progress import Progress
 from gradinv.settings import bounded
@@ -284,7 +290,7 @@ def make_command(path: str | Path) -> str:
     """The command that makes the network at ``path``: Snakemake's, for the pipeline's layout."""
     path = Path(path)
     dataset = path.stem if path.parent.name == ROOT.name else "<dataset>"
-    return f"snakemake {evaluation_network_path(dataset)} --cores 1"
+    return snakemake_command(evaluation_network_path(dataset))
 
 
 def save_evaluation_network(path: str | Path, network: EvaluationNetwork, **meta: Any) -> str:

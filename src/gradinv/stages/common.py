@@ -74,13 +74,13 @@ def public_split(settings: dict[str, Any], ds: Any, partition: Path, who: str) -
     from gradinv.data import read_partition, read_public
     from gradinv.settings import ConfigError
 
-    _, meta = read_partition(partition)
+    _, meta = read_partition(partition, len(ds.train_labels))
     if meta.get("data_sha256") != ds.sha256:
         raise RuntimeError(
             f"{partition} was made from another version of {ds.name}; "
             "rerun snakemake to regenerate it"
         )
-    public = read_public(partition)
+    public = read_public(partition, len(ds.train_labels))
     if not public:
         fraction = settings["partition"].get("public_fraction", 0)
         raise ConfigError(

@@ -58,7 +58,7 @@ def run(
     else:
         if partition_path is None:
             raise ValueError("FL training needs a partition (--partition)")
-        parts, meta = read_partition(partition_path)
+        parts, meta = read_partition(partition_path, len(ds.train_labels))
         if meta.get("data_sha256") != ds.sha256:
             raise RuntimeError(
                 f"{partition_path} was made from another version of {dataset}; "

@@ -1,13 +1,13 @@
 """Read the per-run metrics files that every table and figure is rendered from.
 
 Results are data: each attack job writes one flat JSON file, and a table is a
-pure function of those files. This module is the only place that reads them, so a malformed file
-fails here, by name, instead of turning into a quietly wrong average three steps later.
+pure function of those files. This module is the only place that reads them, so a malformed or
+edited file (each carries a sha256 of its content, :func:`gradinv.io.read_json`) fails here, by
+name, instead of turning into a quietly wrong average three steps later.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from gradinv.io import CorruptFileError, regenerate_hint
+from gradinv.io import CorruptFileError, read_json, regenerate_hint
 
 #: One job = one value of these keys; two files with the same values are a pipeline bug.
 JOB_KEYS: tuple[str, ...] = (
@@ -96,10 +96,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     """The records of one score file: a cell's (``{"runs": [one record per victim]}``, what the
     score stage writes) or a single flat record."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)  # accepts NaN / Infinity, which failed runs may contain
-    except json.JSONDecodeError as err:
-        raise MetricsFileError(f"{path}: not valid JSON ({err}).{regenerate_hint(path)}") from err
+        data = read_json(path)  # checks the digest the score stage wrote with it
+    except CorruptFileError as err:
+        raise MetricsFileError(str(err)) from err
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
         return data["runs"]
     return [data]
