@@ -427,3 +427,42 @@ def test_gradinv_validate_names_the_files_it_validated(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert cli_main(["validate", "--configfile", "tests/configs/tiny.yaml"]) == 0
     assert capsys.readouterr().out.strip() == "params.yaml + tests/configs/tiny.yaml: valid"
+
+
+def test_training_refuses_a_client_with_fewer_images_than_a_batch():
+    """Where the configuration check cannot know the clients (a downloaded dataset), training
+    refuses them before its first round instead of taking smaller batches."""
+    import torch
+
+    from gradinv.defenses import build_defense
+    from gradinv.fl.server import FLSettings, train
+    from gradinv.models import ModelSpec, build_model
+
+    spec = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
+    x, y = torch.randn(40, 3, 16, 16), torch.randint(0, 4, (40,))
+    fl = FLSettings(
+        protocol="fedsgd",
+        rounds=1,
+        clients_per_round=2,
+        batch_size=8,
+        lr=0.1,
+        local_steps=1,
+        local_lr=0.0,
+        eval_every=1,
+        checkpoint_rounds=(0,),
+        eval_samples=0,
+    )
+    defense = build_defense("none", {}, where="test")
+    with pytest.raises(ConfigError, match=r"client 1 holds 3 training images \(1 of 2 clients"):
+        train(
+            build_model(spec, seed=0),
+            x,
+            y,
+            [list(range(37)), [37, 38, 39]],
+            x,
+            y,
+            defense,
+            fl,
+            0,
+            lambda r, m: None,
+        )

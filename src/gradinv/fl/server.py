@@ -28,6 +28,7 @@ from gradinv.defenses import Defense
 from gradinv.fl.client import client_update
 from gradinv.models import buffers_kept
 from gradinv.progress import Progress
+from gradinv.settings import ConfigError
 
 
 class TrainingDiverged(RuntimeError):
@@ -91,8 +92,19 @@ def train(
 ) -> list[dict[str, float]]:
     """Run ``fl.rounds`` rounds; call ``on_checkpoint`` at each checkpoint round.
 
-    ``train_x`` and ``test_x`` are already normalised. Returns the per-round history.
+    ``train_x`` and ``test_x`` are already normalised. Returns the per-round history. A client
+    with fewer images than a batch is refused before the first round: its steps would quietly
+    take smaller batches (the configuration check finds this before any job where the dataset's
+    labels are known without its data, :func:`gradinv.cross_checks.check_datasets`).
     """
+    short = [c for c, part in enumerate(parts) if len(part) < fl.batch_size]
+    if short:
+        raise ConfigError(
+            f"partition: client {short[0]} holds {len(parts[short[0]])} training images "
+            f"({len(short)} of {len(parts)} clients hold fewer than the batch size "
+            f"{fl.batch_size}): its steps would take smaller batches than the setting says; "
+            "lower partition.num_clients or the batch size, or raise partition.alpha."
+        )
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
