@@ -302,3 +302,18 @@ def test_default_lock_dir(tmp_path, monkeypatch):
     assert resources.default_lock_dir() == tmp_path / ".snakemake" / "gradinv-locks"
     monkeypatch.setenv("GRADINV_LOCK_DIR", str(tmp_path / "elsewhere"))
     assert resources.default_lock_dir() == tmp_path / "elsewhere"
+
+
+def test_a_slurm_job_uses_the_gpu_slurm_gave_it_without_locks(tmp_path, monkeypatch):
+    """On a cluster the scheduler places GPU jobs: a SLURM job given a GPU sees only its own
+    (CUDA_VISIBLE_DEVICES) and runs on the first visible one; no lock file is written."""
+    current = _simulate_gpus(monkeypatch, 2)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with acquire_device("cuda", tmp_path / "locks") as device:
+        assert str(device) == "cuda:0"
+    assert current == [0] and not (tmp_path / "locks").exists()
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE")  # a SLURM job without GPUs: the usual locks
+    with acquire_device("cuda", tmp_path / "locks", timeout_s=5) as device:
+        assert list((tmp_path / "locks").glob("gpu-*.lock"))

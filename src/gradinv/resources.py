@@ -203,6 +203,20 @@ def default_lock_dir() -> Path:
     return Path(env) if env else project_root() / ".snakemake" / "gradinv-locks"
 
 
+def scheduled_gpu_job() -> str | None:
+    """The id of the SLURM job this process runs in, when SLURM gave it GPUs; else None.
+
+    SLURM makes only a job's own GPUs visible (``CUDA_VISIBLE_DEVICES``), so on a cluster the
+    first visible GPU is the job's, and the per-GPU file locks (a one-machine mechanism, for jobs
+    that share all of a machine's GPUs) are not taken.
+    """
+    job = os.environ.get("SLURM_JOB_ID")
+    gpus = any(
+        os.environ.get(v) for v in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
+    )
+    return job if job and gpus and os.environ.get("CUDA_VISIBLE_DEVICES") else None
+
+
 @contextlib.contextmanager
 def acquire_device(
     requested: str,
@@ -214,9 +228,10 @@ def acquire_device(
     """Yield the device to run on; for CUDA, a GPU no other job holds until this one exits.
 
     ``requested`` is the ``device`` setting: ``cpu``, ``cuda`` or ``auto`` (CUDA when a GPU is
-    visible, else CPU). CPU takes no lock. For CUDA the first free visible GPU is locked and made
-    the current device; when all are taken this waits up to ``timeout_s`` seconds, polling every
-    ``poll_s``, then raises :class:`GpuBusyError`.
+    visible, else CPU). CPU takes no lock. In a SLURM job given GPUs the first visible one is
+    the job's (:func:`scheduled_gpu_job`). Otherwise, for CUDA the first free visible GPU is
+    locked and made the current device; when all are taken this waits up to ``timeout_s``
+    seconds, polling every ``poll_s``, then raises :class:`GpuBusyError`.
     """
     import torch
 
@@ -239,6 +254,12 @@ def acquire_device(
             "or device: auto to use a GPU only when one is visible, in params.yaml or a "
             "--configfile overlay."
         )
+    job = scheduled_gpu_job()
+    if job is not None:  # the scheduler chose the GPU: the visible ones are this job's alone
+        torch.cuda.set_device(0)
+        _say_device(torch.device("cuda", 0), f"{_gpu_name(torch, 0)}; given to SLURM job {job}")
+        yield torch.device("cuda", 0)
+        return
     lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
     lock_dir.mkdir(parents=True, exist_ok=True)
     index, fd = _claim_gpu(torch, lock_dir, timeout_s, poll_s)
