@@ -466,3 +466,26 @@ def test_training_refuses_a_client_with_fewer_images_than_a_batch():
             0,
             lambda r, m: None,
         )
+
+
+def test_tracking_uri_reaches_every_job_only_when_set(monkeypatch):
+    """tracking.uri (a tracking server on a cluster) is exported to the jobs; empty, the jobs
+    keep their default store (and a test's GRADINV_TRACKING_URI stays as it was)."""
+    cfg = copy.deepcopy(PARAMS)
+    for name in (  # export_runtime sets os.environ: these are restored after the test
+        "GRADINV_SNAKEMAKE_OPTIONS",
+        "GRADINV_TRACKING_EXPERIMENT",
+        "GRADINV_TRACKING_ENABLED",
+        "GRADINV_TRACKING_DEFER",
+        "GRADINV_PROGRESS_EVERY",
+    ):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("GRADINV_TRACKING_URI", "sqlite:////tmp/test-store.db")
+    assert "GRADINV_TRACKING_URI" not in pipeline.export_runtime(cfg)
+    assert __import__("os").environ["GRADINV_TRACKING_URI"] == "sqlite:////tmp/test-store.db"
+    cfg["tracking"]["uri"] = "http://submit-host:5000"
+    assert "GRADINV_TRACKING_URI" in pipeline.export_runtime(cfg)
+    assert __import__("os").environ["GRADINV_TRACKING_URI"] == "http://submit-host:5000"
+    cfg["tracking"]["uri"] = "submit-host:5000"
+    with pytest.raises(ConfigError, match=r"tracking\.uri"):
+        validate(cfg)

@@ -96,6 +96,8 @@ def export_runtime(config: dict[str, Any], overlays: Sequence[str | Path] = ()) 
         "GRADINV_TRACKING_DEFER": str(config["tracking"].get("defer", True)).lower(),
         "GRADINV_PROGRESS_EVERY": str(config["progress"]["every_seconds"]),
     }
+    if config["tracking"].get("uri"):  # else the jobs' own default: the project's mlflow.db
+        values["GRADINV_TRACKING_URI"] = config["tracking"]["uri"]
     os.environ.update(values)
     return sorted(values)
 
