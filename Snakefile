@@ -29,7 +29,7 @@ from gradinv.jobs import (
 )
 from gradinv.sweeps import table_runs
 from gradinv.table_inputs import claim_inputs, table_score_files, table_utility_runs
-from gradinv import pipeline
+from gradinv import cluster, pipeline
 
 pipeline.setup_environment(workflow.basedir)
 
@@ -59,6 +59,11 @@ include: "workflow/rules/convergence.smk"
 include: "workflow/rules/utility.smk"
 include: "workflow/rules/client_time.smk"
 include: "workflow/rules/claims.smk"
+
+
+# On a cluster these run on the submit host, not through the scheduler (gradinv.cluster says why);
+# the `localrules:` directive, for a list computed here (some rules exist only in some configs).
+workflow.localrules(*(name for name in cluster.LOCAL_RULES if name in rules._rules))
 
 
 onstart:

@@ -489,3 +489,51 @@ def test_tracking_uri_reaches_every_job_only_when_set(monkeypatch):
     cfg["tracking"]["uri"] = "submit-host:5000"
     with pytest.raises(ConfigError, match=r"tracking\.uri"):
         validate(cfg)
+
+
+# ---------------------------------------------------------------- where each rule runs
+
+
+def test_every_rule_runs_either_on_the_submit_host_or_through_the_scheduler():
+    """gradinv.cluster places every rule of the Snakefile (the paper overlay's too), with a
+    reason for each local one; a scheduler gets only the rules that take a device."""
+    from gradinv import cluster
+
+    for overlay in ([], ["--configfile", "workflow/configs/paper.yaml"]):
+        proc = subprocess.run(
+            [*SNAKEMAKE, "--list-rules", *overlay],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=quiet_env(),
+            check=True,
+        )
+        rules = set(proc.stdout.split())
+        placed = {*cluster.LOCAL_RULES, *cluster.REMOTE_RULES, *cluster.VARIANTS}
+        assert rules == rules & placed, rules - placed
+        assert not set(cluster.LOCAL_RULES) & set(cluster.REMOTE_RULES)
+    assert all(cluster.LOCAL_RULES.values())
+
+
+def test_resources_and_groups_come_from_the_config():
+    from gradinv import cluster
+
+    cfg = copy.deepcopy(PARAMS)
+    assert cluster.resources(cfg, "attack") == {
+        "cpus_per_task": 1,
+        "mem_mb": 2000,
+        "runtime": 60,
+        "gpu": 0,
+    }
+    assert cluster.resources(cfg, "train_utility")["runtime"] == 240
+    assert "gpu" not in cluster.resources(cfg, "score")
+    cfg["cluster"]["gpus"] = True  # a CPU setting that still asks for the GPU partition
+    assert cluster.resources(cfg, "attack")["gpu"] == 1
+    cfg["device"], cfg["cluster"]["gpus"] = "auto", "auto"
+    assert cluster.resources(cfg, "capture")["gpu"] == 1
+    assert cluster.group(cfg, "attack") == "cell" and cluster.group(cfg, "train") is None
+    cfg["cluster"]["group_cells"] = False
+    assert cluster.group(cfg, "attack") is None
+    cfg["cluster"]["resources"]["scor"] = {"runtime": 5}
+    with pytest.raises(ConfigError, match=r"cluster\.resources\.scor: no rule 'scor'"):
+        validate(cfg)

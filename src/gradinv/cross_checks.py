@@ -181,6 +181,17 @@ def attack_generator(
 def check_combinations(config: dict[str, Any], source: str) -> None:
     """Values that are each valid but cannot work together."""
     check_datasets(config, source)
+    from gradinv.cluster import LOCAL_RULES, REMOTE_RULES
+
+    for rule in config["cluster"]["resources"]:
+        if rule != "default" and rule not in REMOTE_RULES:
+            local = " (it runs on the submit host)" if rule in LOCAL_RULES else ""
+            close = difflib.get_close_matches(rule, REMOTE_RULES, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close and not local else ""
+            raise ConfigError(
+                f"{source}: cluster.resources.{rule}: no rule {rule!r} is submitted to a "
+                f"scheduler{local}; use default or one of {', '.join(REMOTE_RULES)}.{hint}"
+            )
     fl, cap, threat = config["fl"], config["capture"], config["threat_model"]
 
     def fail(message: str) -> None:

@@ -12,8 +12,10 @@ rule attack:
         settings=lambda w: job_settings(config, "attack", **w),
         generator=lambda w, input: f"--generator {input.generator}" if input.generator else "",
     threads: config["threads_per_job"]
+    group:
+        cluster.group(config, "attack")
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "attack"),
     conda:
         "../../environment.yml"
     log:

@@ -14,8 +14,10 @@ rule capture:
     params:
         settings=lambda w: job_settings(config, "capture", **w),
     threads: config["threads_per_job"]
+    group:
+        cluster.group(config, "capture")
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "capture"),
     conda:
         "../../environment.yml"
     log:

@@ -14,7 +14,7 @@ if "client_time" in config:
             settings=lambda w: job_settings(config, "client_time", **w),
         threads: config["threads_per_job"]
         resources:
-            gpu=GPU_PER_JOB,
+            **cluster.resources(config, "client_time"),
         conda:
             "../../environment.yml"
         log:

@@ -25,9 +25,10 @@ wildcard_constraints:
 
 RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
 
-# Jobs on a GPU each hold one `gpu` token; the profile grants as many as there are GPUs, and the
-# job takes a GPU no other job holds (gradinv.resources.acquire_device).
-GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
+# Each rule's resources (a `gpu` token for the jobs that may use a GPU, a scheduler's memory and
+# time limit) and its submission group come from gradinv.cluster: `**cluster.resources(config,
+# "<rule>")` in the rule; the profile grants as many `gpu` tokens as there are GPUs, and each job
+# takes a GPU no other job holds (gradinv.resources.acquire_device; on SLURM, the one it was given).
 
 
 def cell_files(w, pattern):

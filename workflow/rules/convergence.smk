@@ -36,7 +36,7 @@ rule train_convergence:
         settings=lambda w: job_settings(config, "convergence_train", **w),
     threads: config["threads_per_job"]
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "train_convergence"),
     conda:
         "../../environment.yml"
     log:
@@ -60,7 +60,7 @@ rule train_convergence_official:
         settings=lambda w: job_settings(config, "convergence_official", **w),
     threads: config["threads_per_job"]
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "train_convergence_official"),
     conda:
         "../../environment.yml"
     log:

@@ -14,7 +14,7 @@ rule train_evalnet:
         settings=lambda w: job_settings(config, "evalnet", **w),
     threads: config["threads_per_job"]
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "train_evalnet"),
     conda:
         "../../environment.yml"
     log:

@@ -14,6 +14,8 @@ rule train_generator:
     params:
         settings=lambda w: job_settings(config, "generator", **w),
     threads: config["threads_per_job"]
+    resources:
+        **cluster.resources(config, "train_generator"),
     conda:
         "../../environment.yml"
     log:

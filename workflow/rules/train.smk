@@ -13,7 +13,7 @@ rule train:
         settings=lambda w: job_settings(config, "train", **w),
     threads: config["threads_per_job"]
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "train"),
     conda:
         "../../environment.yml"
     log:

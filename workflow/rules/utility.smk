@@ -26,7 +26,7 @@ rule train_utility:
     # as soon as they can be, so that no core idles at the end while one of them runs alone.
     priority: 10
     resources:
-        gpu=GPU_PER_JOB,
+        **cluster.resources(config, "train_utility"),
     conda:
         "../../environment.yml"
     log:

@@ -1,0 +1,93 @@
+"""What each rule asks of the machine: a GPU token locally, and a cluster scheduler's resources.
+
+Every job that takes a device holds one ``gpu`` resource when it may use a GPU (``device`` not
+``cpu``, or ``cluster.gpus: true``): locally ``profiles/default`` grants as many as the machine
+has, on SLURM the executor plugin turns it into ``--gpus=1``. A rule's memory (``mem_mb``) and time
+limit (``runtime``, minutes) come from ``cluster.resources`` (its own block, else ``default``),
+its CPUs from ``threads_per_job``: one setting per scale, not numbers typed into each rule, and a
+local run ignores them. ``profiles/slurm`` is the SLURM profile; the README's "Running on a
+cluster" says how to run it.
+
+Where each rule runs on a cluster (:data:`LOCAL_RULES`: on the submit host, the others through the
+scheduler) and which rules share a submission (:func:`group`) is decided here, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Rules run by the Snakemake process itself, on the submit host: each is seconds of work, so a
+# submission (queueing, two Python start-ups on the node) would cost more than the job; and
+# downloads need the network, which compute nodes often lack.
+LOCAL_RULES: dict[str, str] = {
+    "prepare_data": "downloads (compute nodes often have no network); the embedded data: seconds",
+    "fetch_generator": "downloads published weights (the network)",
+    "partition_data": "seconds: a seeded split of the labels",
+    "partition_convergence": "seconds: a seeded split of the labels",
+    "select_victim": "under a second: one batch of the validation split",
+    "floor": "seconds: the public split's mean image",
+    "score": "seconds: metrics of a cell's reconstructions",
+    "report": "seconds: a table from its metric files",
+    "report_public": "seconds: a figure from metric files",
+    "report_frontier": "seconds: a figure from a table",
+    "report_utility": "seconds: a table from training summaries",
+    "report_utility_recipe": "seconds: a table from training summaries",
+    "report_convergence": "seconds: figures from training summaries",
+    "report_client_time": "seconds: a table from timings",
+    "claims": "seconds: the claims from the tables",
+    "all": "the target",
+    "prepared_data": "a target",
+    "trained_models": "a target",
+    "generators": "a target",
+    "evaluation_networks": "a target",
+}
+
+# Rules whose job takes a device (gradinv.resources.acquire_device): training, capture, attacks.
+DEVICE_RULES = (
+    "train",
+    "capture",
+    "attack",
+    "train_utility",
+    "train_convergence",
+    "train_convergence_official",
+    "train_evalnet",
+    "train_generator",
+    "client_time",
+)
+
+
+# The rules submitted to the scheduler (everything else is in LOCAL_RULES); a `use rule` variant
+# has its base rule's resources and group.
+REMOTE_RULES = (*DEVICE_RULES,)
+VARIANTS = {"capture_malicious": "capture"}
+
+
+def gpus(config: dict[str, Any]) -> int:
+    """The GPUs a device-taking job asks for: ``cluster.gpus`` (auto: one unless device is cpu)."""
+    setting = config.get("cluster", {}).get("gpus", "auto")
+    if setting == "auto":
+        return 0 if config["device"] == "cpu" else 1
+    return int(bool(setting))
+
+
+def resources(config: dict[str, Any], rule: str) -> dict[str, Any]:
+    """The resources of ``rule``'s jobs: its ``gpu`` token, and what a scheduler allocates."""
+    blocks = config.get("cluster", {}).get("resources", {})
+    own = {**blocks.get("default", {}), **blocks.get(rule, {})}
+    out: dict[str, Any] = {"cpus_per_task": config["threads_per_job"], **own}
+    if rule in DEVICE_RULES:
+        out["gpu"] = gpus(config)
+    return out
+
+
+def group(config: dict[str, Any], rule: str) -> str | None:
+    """The submission a capture or attack job shares with the rest of its cell.
+
+    With ``cluster.group_cells`` (the embedded scale: each job is seconds) a cell's captures and
+    attacks go to the scheduler as one job; at full scale each attack is hours of a GPU and
+    grouping would run them one after another in one allocation, so each is its own submission.
+    Locally a group changes nothing.
+    """
+    if rule in ("capture", "attack") and config.get("cluster", {}).get("group_cells", False):
+        return "cell"
+    return None
