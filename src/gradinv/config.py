@@ -103,9 +103,6 @@ def full_schema() -> dict[str, Any]:
     """The static schema plus one sub-schema per registered method."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     _no_repeats(schema)
-    for section in NAMED_SECTIONS:  # the defenses hold the sweeps' points too
-        pattern = RUN_NAME if section == "defenses" else NAME
-        schema["properties"][section]["propertyNames"] = {"pattern": f"^{pattern}$"}
     regs = _registries()
     sources = {
         name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
@@ -193,8 +190,6 @@ def check_names(config: dict[str, Any], source: str) -> None:
 
 def _describe(error: jsonschema.ValidationError) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    if "propertyNames" in error.schema_path:
-        return f"{where}: {error.instance!r} is not a valid name: {NAME_HELP}; rename it."
     if error.validator == "uniqueItems":
         repeated = sorted({json.dumps(x) for x in error.instance if error.instance.count(x) > 1})
         return f"{where}: {', '.join(repeated)} appears more than once; list each once."
@@ -241,11 +236,11 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration is not a mapping of params.yaml's keys")
     check_values(config, source)
-    check_names(config, source)
     for section in ("defenses", "attacks"):
         if isinstance(config.get(section), dict):
             resolve_variants(config[section], section, source)
     expand_sweeps(config, source)
+    check_names(config, source)  # the sweeps' points among the defenses too
     validator = jsonschema.Draft202012Validator(full_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
     # An if/then failure also reports the bare "kind" mismatch; the specific one says more.
