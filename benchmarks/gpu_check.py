@@ -3,11 +3,9 @@
     python benchmarks/gpu_check.py [--out results/benchmarks/gpu_check.json] [--cores N]
         [--parts table restarts censor] [--workdir results/gpu_check]
 
-One run on one GPU, three parts, one file of figures, about 8 minutes: estimated from the first
-runs on an H200 (docs/runs/2026-11-26-gpu-check-h200.md: the table with 2 victims ran 26 of its
-32 jobs in 300 s, with 1 victim all 31 in 297 s, an attack job 14-29 s, mostly its start; the
-restarts benchmark 91 s for three models, CENSOR's 88 s with its CPU selection study), not yet
-measured with the settings below:
+One run on one GPU, three parts, one file of figures. Measured with the settings below on an
+H100 (docs/runs/2026-11-26-gpu-check-h100.md): 534 s in all, the table 438 s, the restarts 56 s,
+CENSOR 32 s; the first runs on an H200 are in docs/runs/2026-11-26-gpu-check-h200.md.
 
 1. ``table``: the paper overlay's Table I on a thin slice, run by Snakemake as a user runs it
    (``snakemake results/table1.csv --configfile workflow/configs/paper.yaml
@@ -280,7 +278,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         f"{gpu['name']} ({gpu['memory_mib']} MiB), PyTorch {gpu['torch']}, CUDA "
         f"{gpu['cuda']}, {report['cpu_count']} CPU cores. Exit status "
-        f"{report['exit_status']}.",
+        f"{report['exit_status']}"
+        + (f" (not run yet: {', '.join(w)})" if (w := report.get("parts_not_run_yet")) else "")
+        + ".",
         "",
     ]
     if t := report["parts"].get("table"):
@@ -373,8 +373,21 @@ def main() -> int:
             f"gpu-check: {part} {'passed' if report['parts'][part]['passed'] else 'FAILED'}",
             flush=True,
         )
-    report["exit_status"] = 0 if all(r["passed"] for r in report["parts"].values()) else 1
-    out = a.out.resolve()
+        unfinished = [p for p in a.parts if p not in report["parts"]]
+        report["parts_not_run_yet"] = unfinished  # a check cut short keeps what it measured
+        report["exit_status"] = None if unfinished else exit_status(report)
+        write_report(report, a.out.resolve())
+    print(markdown(report))
+    return report["exit_status"]
+
+
+def exit_status(report: dict[str, Any]) -> int:
+    return 0 if all(r["passed"] for r in report["parts"].values()) else 1
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """The JSON report and its Markdown summary, each written whole (temporary file, rename);
+    written after every part, so that a check stopped midway keeps the parts it finished."""
     out.parent.mkdir(parents=True, exist_ok=True)
     for path, text in (
         (out, json.dumps(report, indent=2) + "\n"),
@@ -383,8 +396,6 @@ def main() -> int:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         tmp.replace(path)
-    print(markdown(report))
-    return report["exit_status"]
 
 
 if __name__ == "__main__":

@@ -218,3 +218,36 @@ def test_an_interrupted_generative_attack_resumes_to_the_same_reconstruction(tmp
     resumed = attack(Progress(tmp_path / "p", fingerprint="f", every=0))
     assert torch.equal(resumed.images, expected.images)
     assert resumed.history == expected.history and resumed.summary == expected.summary
+
+
+def test_the_generator_job_trains_on_the_device_it_takes(tmp_path, monkeypatch, capfd):
+    """train_generator asks the scheduler for a GPU (gradinv.cluster.DEVICE_RULES), so it must
+    train there: it once held its GPU token while training on the CPU (1 step/s on an H100)."""
+    import gradinv.stages.generator as stage
+    from stages import Stages
+
+    monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(tmp_path))
+    stages = Stages(tmp_path, generators__dcgan__steps=2, generators__dcgan__log_every=1)
+    assert stages.prepare() == 0 and stages.partition_data() == 0
+    taken = []
+    real = stage.acquire_device
+
+    def recording(requested, *args, **kwargs):
+        taken.append(requested)
+        return real(requested, *args, **kwargs)
+
+    monkeypatch.setattr(stage, "acquire_device", recording)
+    seen = []
+    monkeypatch.setattr(
+        stage, "train_dcgan", lambda *a, **k: seen.append(a[-1]) or train_dcgan(*a, **k)
+    )
+    out = tmp_path / "data/generators/dcgan/patches.pt"
+    from gradinv.cli import main
+
+    argv = ["train-generator", "--settings", stages.settings("generator", generator="dcgan")]
+    argv += ["--prepared-dir", str(stages.prepared.parent), "--partition", str(stages.partition)]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert taken == [stages.config["device"]]
+    assert seen == [torch.device("cpu")]  # the device acquire_device gave
+    assert "gradinv: device cpu" in capfd.readouterr().err
+    assert out.exists() and out.with_name("patches_samples.png").exists()

@@ -144,19 +144,24 @@ def train_dcgan(
     num_classes: int,
     generator: torch.Generator,
     progress: Progress | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[DCGAN, dict[str, list[tuple[int, float]]]]:
-    """Train the DCGAN on ``images`` ((N, C, H, W) in [0, 1]) and ``labels``; return the
-    weight-averaged generator (eval mode) and the loss curves. Resumable through ``progress``."""
+    """Train the DCGAN on ``images`` ((N, C, H, W) in [0, 1]) and ``labels`` on ``device``;
+    return the weight-averaged generator (eval mode, on the CPU) and the loss curves. Resumable
+    through ``progress``. The random draws (weights, batches, flips, latents) come from the CPU
+    generator whatever the device, so a seed picks the same batches and latents on any device."""
     s = settings
+    device = torch.device(device)
     n, channels, side = images.shape[0], images.shape[1], images.shape[2]
-    g = DCGAN(s, side, channels, num_classes)
-    d = Discriminator(s, side, channels, num_classes if s.conditional else 0)
-    average = DCGAN(s, side, channels, num_classes)
+    g = DCGAN(s, side, channels, num_classes).to(device)
+    d = Discriminator(s, side, channels, num_classes if s.conditional else 0).to(device)
+    average = DCGAN(s, side, channels, num_classes).to(device)
     average.load_state_dict(g.state_dict())
     average.requires_grad_(False)
     opt_g = torch.optim.Adam(g.parameters(), lr=s.lr, betas=(s.beta1, s.beta2))
     opt_d = torch.optim.Adam(d.parameters(), lr=s.lr, betas=(s.beta1, s.beta2))
-    data = images * 2 - 1
+    data = (images * 2 - 1).to(device)
+    labels = labels.to(device)
     history: dict[str, list[tuple[int, float]]] = {"loss_d": [], "loss_g": []}
     start, saved = 0, progress.load() if progress else None
     if saved is not None:
@@ -169,16 +174,16 @@ def train_dcgan(
         progress.resumed(f"step {start}")
 
     def batch() -> tuple[Tensor, Tensor]:
-        idx = torch.randint(n, (s.batch_size,), generator=generator)
+        idx = torch.randint(n, (s.batch_size,), generator=generator).to(device)
         x = data[idx]
         if s.flip:
-            flip = torch.rand(s.batch_size, generator=generator) < 0.5
+            flip = (torch.rand(s.batch_size, generator=generator) < 0.5).to(device)
             x = torch.where(flip[:, None, None, None], x.flip(3), x)
         return x, labels[idx]
 
     def fake(count: int, y: Tensor) -> Tensor:
         z = torch.randn(count, s.latent_dim, generator=generator)
-        return g(z, y)
+        return g(z.to(device), y)
 
     began = time.perf_counter()
     g.train()
@@ -189,7 +194,7 @@ def train_dcgan(
         opt_d.zero_grad()
         loss_d.backward()
         opt_d.step()
-        y = labels[torch.randint(n, (s.batch_size,), generator=generator)]
+        y = labels[torch.randint(n, (s.batch_size,), generator=generator).to(device)]
         loss_g = -d(fake(len(y), y), y).mean()
         opt_g.zero_grad()
         loss_g.backward()
@@ -214,7 +219,7 @@ def train_dcgan(
         if progress and progress.due():
             progress.save(_state(step + 1, g, d, average, opt_g, opt_d, generator, history))
     average.eval()
-    return average, history
+    return average.cpu(), history
 
 
 def _state(step: int, *parts: Any) -> dict[str, Any]:

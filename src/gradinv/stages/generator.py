@@ -20,6 +20,7 @@ from gradinv.generators.dcgan import train_dcgan
 from gradinv.generators.files import fetch_weights, own_settings, save_trained
 from gradinv.io import sha256_file, sha256_json
 from gradinv.progress import Progress
+from gradinv.resources import acquire_device
 from gradinv.stages.common import derive_seed, public_split, record, setup
 
 
@@ -35,7 +36,8 @@ def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Pa
     )
     progress = Progress.for_output(out, sha256_json([settings, ds.sha256, sha256_file(partition)]))
     began = time.perf_counter()
-    model, history = train_dcgan(s, images, labels, ds.num_classes, generator, progress)
+    with acquire_device(settings["device"]) as device:
+        model, history = train_dcgan(s, images, labels, ds.num_classes, generator, progress, device)
     seconds = round(time.perf_counter() - began, 1)
     provenance = record(settings, ds.sha256) | {"partition_sha256": sha256_file(partition)}
     save_trained(
