@@ -254,12 +254,12 @@ def benchmark_part(name: str, device: str, work: Path) -> dict[str, Any]:
         ratios = [("resnet18", r["image_size"], r["batched_over_undefended"]) for r in cuda]
         ratios += [
             (
-                "resnet18, draws on the GPU",
+                "resnet18, draws: device",
                 r["image_size"],
-                r["batched_device_draws_over_undefended"],
+                r["device_draws_over_undefended"],
             )
             for r in cuda
-            if "batched_device_draws_over_undefended" in r
+            if "device_draws_over_undefended" in r
         ]
         report["correctness_passed"] = all(r["same_candidate_selected"] for r in raw["speed"])
     report["speed"] = cuda

@@ -83,10 +83,47 @@ def test_the_same_seed_gives_the_same_update_and_another_seed_another():
     assert not all(torch.equal(a[n], c[n]) for n in a)
 
 
-def test_device_draws_change_nothing_on_the_cpu():
-    a, *_ = share(orthogonal(trials=4), seed=3)
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"scope": "whole-model"}, {"subspace": "per-sample"}, {"projection": "as-coded"}],
+    ids=["layer-wise", "whole-model", "per-sample", "as-coded"],
+)
+def test_device_draws_make_candidate_t_from_the_t_th_direction_of_one_draw(settings):
+    """draws: device draws each layer's T directions at once and projects them in one vmap
+    pass: candidate t is what the one-at-a-time path makes from the t-th directions."""
+    trials = 5
+    defense = orthogonal(trials=trials, draws="device", **settings)
+    model, x, y = case()
+    grads = gradients_of(model, x, y, F.cross_entropy)
+    basis = defense._basis(model, x, y, F.cross_entropy, grads)
+    at_once = defense._candidates_at_once(grads, torch.Generator().manual_seed(2), basis)
+    replay = torch.Generator().manual_seed(2)
+    if settings.get("scope") == "whole-model":
+        flat = torch.randn(trials, sum(g.numel() for g in grads.values()), generator=replay)
+        pieces = flat.split([g.numel() for g in grads.values()], dim=1)
+        r = {
+            n: p.reshape(trials, *g.shape) for (n, g), p in zip(grads.items(), pieces, strict=True)
+        }
+    else:
+        r = {n: torch.randn(trials, *g.shape, generator=replay) for n, g in grads.items()}
+    assert all(at_once[n].shape == (trials, *g.shape) for n, g in grads.items())
+    for t in range(trials):
+        one = defense._candidate(grads, replay, r={n: d[t] for n, d in r.items()}, basis=basis)
+        for n in grads:
+            torch.testing.assert_close(at_once[n][t], one[n], rtol=1e-5, atol=1e-6)
+
+
+def test_device_draws_are_seeded_orthogonal_and_other_than_cpu_draws():
+    a, original, *_ = share(orthogonal(trials=4, draws="device"), seed=3)
     b, *_ = share(orthogonal(trials=4, draws="device"), seed=3)
+    c, *_ = share(orthogonal(trials=4), seed=3)
     assert all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a)  # another order of the same generator
+    for name, g in original.items():
+        assert abs(cos(a[name], g)) < 1e-5, name
+        torch.testing.assert_close(a[name].norm(), g.norm(), rtol=1e-5, atol=1e-12)
+        # its own storage: a view of the 4 stacked candidates would be saved with all 4
+        assert a[name].untyped_storage().nbytes() == g.numel() * g.element_size(), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -98,8 +135,9 @@ def test_device_draws_on_a_gpu_are_seeded_and_orthogonal():
     d1, d2 = _draw_generator(g1, gpu, "device"), _draw_generator(g2, gpu, "device")
     assert d1.device.type == "cuda" and d1.initial_seed() == d2.initial_seed()
     grads = {"w": torch.randn(300, 40, device=gpu)}
-    out = censor(trials=3, draws="device")._candidate(grads, d1)["w"]
-    assert out.device.type == "cuda" and abs(cos(out, grads["w"])) < 1e-5
+    defense = censor(trials=3, draws="device")
+    out = defense._candidates_at_once(grads, d1, {"w": grads["w"].reshape(-1) / grads["w"].norm()})
+    assert out["w"].device.type == "cuda" and all(abs(cos(c, grads["w"])) < 1e-5 for c in out["w"])
 
 
 def test_as_coded_projection_leaks_on_a_small_norm_layer():
@@ -114,8 +152,10 @@ def test_as_coded_projection_leaks_on_a_small_norm_layer():
     assert abs(cos(coded._candidate(unit, gen_c)["bias"], unit["bias"])) < 1e-5
 
 
-def test_batched_and_sequential_evaluation_select_the_same_candidate():
-    seq, bat = censor(trials=6, evaluation="sequential"), censor(trials=6, evaluation="batched")
+@pytest.mark.parametrize("draws", ["cpu", "device"])
+def test_batched_and_sequential_evaluation_select_the_same_candidate(draws):
+    seq = censor(trials=6, evaluation="sequential", draws=draws)
+    bat = censor(trials=6, evaluation="batched", draws=draws)
     a, *_ = share(seq)
     b, *_ = share(bat)
     assert seq.last["selected"] == bat.last["selected"]

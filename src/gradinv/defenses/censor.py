@@ -7,9 +7,12 @@ candidate G_t by the loss of θ − η·G_t on its own batch and shares the cand
 loss, if that loss is below the loss at θ. Random draws come from the CPU generator, trial by
 trial and layer by layer, so one seed gives the same update on any device (``draws: cpu``). On a
 GPU that costs the most time of the update (T × the model's size of normal numbers made on the
-CPU and copied over): ``draws: device`` makes them on the gradients' device instead, from a
-generator seeded by the CPU one, so a seed still fixes the update on a given device, but a GPU
-run no longer matches a CPU run.
+CPU and copied over, and T × the layers' small projections one after another): ``draws: device``
+makes each layer's T directions in one call on the gradients' device (on a GPU from a generator
+seeded by the CPU one, on the CPU from the CPU generator itself) and projects them in one
+``vmap`` pass. A seed still fixes the update on a given device, but the draws come in another
+order than with ``draws: cpu``, so the two settings share other candidates, and a GPU run no
+longer matches a CPU run.
 
 **When no candidate beats the undefended loss** the paper says two things (``fallback``):
 
@@ -160,7 +163,11 @@ class Censor(Defense):
         )
         scope: Literal["layer-wise", "whole-model"] = "layer-wise"
         evaluation: Literal["auto", "sequential", "batched"] = "auto"
-        draws: Literal["cpu", "device"] = "cpu"
+        draws: Literal["cpu", "device"] = choice(
+            "cpu",
+            doc="cpu: trial by trial on the CPU generator (the same update on any device); "
+            "device: each layer's T directions at once on the gradients' device (fast on a GPU)",
+        )
         source: Literal["gaussian", "public"] = "gaussian"
         public_class: int = bounded(0, ge=0, doc="source public: the class of the public images")
         public_images: int = bounded(
@@ -224,19 +231,30 @@ class Censor(Defense):
             }
             basis = self._basis(model, inputs, labels, loss_fn, original)
             picks: list[int] = []  # source public: the pool image of each trial
+            stacked = None  # draws: device: the T candidates of each layer in one tensor
             if s.source == "public":
                 candidates, picks = self._public_candidates(
                     model, original, loss_fn, generator, basis
                 )
             else:
                 draw = _draw_generator(generator, next(iter(original.values())).device, s.draws)
-                candidates = [self._candidate(original, draw, basis=basis) for _ in range(s.trials)]
-            base_loss, losses = self._losses(model, inputs, labels, loss_fn, candidates, eta)
+                if s.draws == "device":
+                    stacked = self._candidates_at_once(original, draw, basis)
+                    candidates = [{n: t[i] for n, t in stacked.items()} for i in range(s.trials)]
+                else:
+                    candidates = [
+                        self._candidate(original, draw, basis=basis) for _ in range(s.trials)
+                    ]
+            base_loss, losses = self._losses(
+                model, inputs, labels, loss_fn, candidates, eta, stacked
+            )
             mode = "train" if model.training else "eval"
         best = int(torch.argmin(losses))
         fired = not bool(losses[best] < base_loss)  # line 17: strictly lower, or G⋆ stays G0
         raw = fired and s.fallback == "algorithm-1"
         shared = original if raw else candidates[best]
+        if stacked is not None and not raw:  # a copy: a view would keep (and save) all T
+            shared = {n: t.clone() for n, t in shared.items()}
         if raw:
             warnings.warn(
                 "CENSOR (fallback: algorithm-1): no candidate lowered the loss, so the client "
@@ -244,8 +262,9 @@ class Censor(Defense):
                 CensorFallbackWarning,
                 stacklevel=2,
             )
-        bad = [n for n, t in shared.items() if not torch.isfinite(t).all()]
-        if bad:
+        finite = torch.stack([torch.isfinite(t).all() for t in shared.values()])
+        if not finite.all():  # one wait for the GPU, not one per layer
+            bad = [n for n, ok in zip(shared, finite.tolist(), strict=True) if not ok]
             raise FloatingPointError(
                 f"CENSOR: the shared update is not finite at {bad[0]} (the client's gradient "
                 "was not finite there): nothing is shared, and no statistic is computed from it"
@@ -334,6 +353,42 @@ class Censor(Defense):
         )
         return {n: p.view_as(grads[n]) for n, p in zip(names, pieces, strict=True)}
 
+    def _candidates_at_once(
+        self,
+        grads: Gradients,
+        generator: torch.Generator,
+        basis: dict[str, Tensor] | Tensor | None,
+    ) -> Gradients:
+        """The T candidates of ``draws: device``, stacked per layer ((T, *shape)): each layer's T
+        Gaussian directions (or, whole model, the T flattened ones) from one ``randn`` call on the
+        generator's device, made orthogonal and norm-matched in one ``vmap`` pass. Candidate t is
+        what :meth:`_candidate` makes from the t-th directions; this costs one draw and one
+        projection per layer instead of T, and no wait for the GPU per trial."""
+        s = self.settings
+
+        def directions(like: Tensor) -> Tensor:
+            shape = (s.trials, *like.shape)
+            r = torch.randn(shape, generator=generator, dtype=like.dtype, device=generator.device)
+            return r.to(like.device)
+
+        if s.scope == "layer-wise":
+            stacked = {}
+            for n, g in grads.items():
+                b = None if basis is None else basis[n]
+                project = vmap(lambda r, g=g, b=b: orthogonal_direction(g, r, s.projection, b))
+                stacked[n] = project(directions(g))
+        else:
+            names = list(grads)
+            flat = torch.cat([grads[n].reshape(-1) for n in names])
+            out = vmap(lambda r: orthogonal_direction(flat, r, s.projection, basis))(
+                directions(flat)
+            )
+            pieces = out.split([grads[n].numel() for n in names], dim=1)
+            stacked = {
+                n: p.reshape(s.trials, *grads[n].shape) for n, p in zip(names, pieces, strict=True)
+            }
+        return stacked
+
     def _public_candidates(
         self,
         model: nn.Module,
@@ -395,10 +450,13 @@ class Censor(Defense):
         loss_fn: LossFn,
         candidates: list[Gradients],
         eta: float,
+        stacked: Gradients | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The loss at θ (line 10) and at θ − η·G_t for each candidate (lines 15-16), in the
         model's current mode. In train mode batch norm updates its running statistics in each
-        forward pass: every pass gets its own copy of them, so the model's stay as they were."""
+        forward pass: every pass gets its own copy of them, so the model's stay as they were.
+        ``stacked``: the same candidates stacked per layer, when they come so (one subtraction
+        per layer for the batched pass instead of T)."""
         params = {n: p.detach() for n, p in model.named_parameters()}
         buffers = dict(model.named_buffers())
         training = model.training and bool(buffers)
@@ -409,22 +467,27 @@ class Censor(Defense):
         with torch.no_grad():
             base = loss_fn(functional_call(model, {**params, **own(buffers)}, (inputs,)), labels)
             if self._batched(inputs):
-                stacked = {
-                    n: torch.stack([p - eta * c[n] if n in c else p for c in candidates])
-                    for n, p in params.items()
-                }
+                t = len(candidates)
+                if stacked is not None:
+                    moved = {
+                        n: p - eta * stacked[n] if n in stacked else p.expand(t, *p.shape)
+                        for n, p in params.items()
+                    }
+                else:
+                    moved = {
+                        n: torch.stack([p - eta * c[n] if n in c else p for c in candidates])
+                        for n, p in params.items()
+                    }
                 copies, buffer_dim = buffers, None
                 if training:
-                    copies = {
-                        n: b.expand(len(candidates), *b.shape).clone() for n, b in buffers.items()
-                    }
+                    copies = {n: b.expand(t, *b.shape).clone() for n, b in buffers.items()}
                     buffer_dim = 0
 
                 def loss_of(p: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
                     return loss_fn(functional_call(model, {**p, **b}, (inputs,)), labels)
 
                 batched = vmap(loss_of, in_dims=(0, buffer_dim), randomness="different")
-                return base, batched(stacked, copies)
+                return base, batched(moved, copies)
             losses = []
             for c in candidates:
                 moved = {n: p - eta * c[n] if n in c else p for n, p in params.items()}
