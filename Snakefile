@@ -24,6 +24,7 @@ from gradinv.jobs import (
     generator_names,
     job_settings,
     malicious_attacks,
+    prepared_files,
     metric_assets,
     victim_groups,
 )

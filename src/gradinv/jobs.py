@@ -141,6 +141,16 @@ def generator_names(config: dict[str, Any], trained: bool) -> str:
     return "|".join(map(re.escape, names)) if names else "(?!)"
 
 
+def prepared_files(config: dict[str, Any]) -> list[str]:
+    """Every dataset the tables use, prepared, and its client partition (dvc.yaml's `data`
+    stage: the partitions are versioned with the data, so that a clone that pulls the generators
+    and checkpoints also pulls the partitions they were made from)."""
+    datasets = sorted({d for spec in config["tables"].values() for d in spec["datasets"]})
+    return [f"data/prepared/{d}.pt" for d in datasets] + [
+        f"data/partitions/{d}.json" for d in datasets
+    ]
+
+
 def generator_files(config: dict[str, Any]) -> list[str]:
     """Every generator file the tables' attacks read (dvc.yaml's `generators` stage)."""
     return sorted(

@@ -68,6 +68,6 @@ rule select_victim:
 
 
 rule prepared_data:
-    # Every dataset a table uses (dvc.yaml's `data` stage builds this target).
+    # Every dataset a table uses and its client partition (dvc.yaml's `data` stage builds this).
     input:
-        sorted({f"data/prepared/{d}.pt" for t in config["tables"].values() for d in t["datasets"]}),
+        prepared_files(config),
