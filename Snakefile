@@ -102,3 +102,4 @@ onerror:
     shell("gradinv tracking-flush")
     pipeline.release_lock(workflow.persistence)
     pipeline.report_tracking_failures()
+    cluster.report_slurm_failures(log, config)  # which limit to raise, when SLURM stopped a job

@@ -539,3 +539,33 @@ def test_resources_and_groups_come_from_the_config():
     cfg["cluster"]["resources"]["scor"] = {"runtime": 5}
     with pytest.raises(ConfigError, match=r"cluster\.resources\.scor: no rule 'scor'"):
         validate(cfg)
+
+
+# Lines as snakemake-executor-plugin-slurm 2.8 logs its submissions (tests/test_slurm.py's runs).
+SUBMISSIONS = """\
+Job 3 has been submitted with SLURM jobid 41 (log: /p/.snakemake/slurm_logs/rule_train/patches_cnn3_none/41.log).
+Job 5 has been submitted with SLURM jobid 42 (log: /p/.snakemake/slurm_logs/group_cell/g/42.log).
+Job 6 has been submitted with SLURM jobid 43 (log: /p/.snakemake/slurm_logs/rule_attack/a/43.log).
+Job 7 has been submitted with SLURM jobid 44 (log: /p/.snakemake/slurm_logs/rule_train_utility/u/44.log).
+Job 8 has been submitted with SLURM jobid 45 (log: /p/.snakemake/slurm_logs/rule_capture/c/45.log).
+"""
+
+
+def test_a_job_slurm_stopped_is_explained_with_the_limit_to_raise():
+    from gradinv import cluster
+
+    cfg = copy.deepcopy(PARAMS)
+    states = {"41": "TIMEOUT", "42": "OUT_OF_MEMORY", "43": "NODE_FAIL", "44": "COMPLETED"}
+    states["45"] = "FAILED"  # the job's own error: its log says why, not the scheduler
+    said = cluster.explain_slurm_failures(SUBMISSIONS, cfg, lambda ids: states)
+    assert len(said) == 3
+    timeout, memory, node = said
+    assert "train (SLURM job 41, state TIMEOUT) at its time limit" in timeout
+    assert "runtime was 60 minutes (cluster.resources.default)" in timeout
+    assert "Raise cluster.resources.train.runtime" in timeout and "Rerun the same" in timeout
+    assert "cluster.resources.capture.mem_mb and cluster.resources.attack.mem_mb" in memory
+    assert "NODE_FAIL" in node and "--slurm-requeue" in node
+    cfg["cluster"]["resources"]["train"] = {"runtime": 30}
+    again = cluster.explain_slurm_failures(SUBMISSIONS, cfg, lambda ids: {"41": "TIMEOUT"})
+    assert again and "runtime was 30 minutes (cluster.resources.train)" in again[0]
+    assert cluster.explain_slurm_failures("no submissions", cfg, lambda ids: states) == []

@@ -189,3 +189,50 @@ def test_a_cancelled_job_is_rerun_and_nothing_finished_recomputed(cluster, tmp_p
     assert [p for p, mtime in before.items() if after.get(p) != mtime] == []
     assert (root / "results/table1.csv").exists()
     cluster.update(cancelled_job=victim, kept_outputs=len(before))
+
+
+# 600 rounds of the micro CNN (seconds), the last one saved; progress saved every round
+LONG_TRAINING = "fl: {rounds: 600, checkpoint_rounds: [0, 4, 600]}\nprogress: {every_seconds: 0}\n"
+
+
+def test_a_requeued_training_job_resumes_from_its_progress(cluster, tmp_path):
+    """SLURM requeues a running job (as after a node failure with --slurm-requeue, or a
+    preemption): the job starts again on a node and resumes from its progress file, and the
+    checkpoints are those of a run never interrupted."""
+    runs = {}
+    for name in ("plain", "requeued"):  # the plain run locally, the requeued one through SLURM
+        root = _project(tmp_path / name)
+        (root / "long.yaml").write_text(LONG_TRAINING)
+        target = "results/train/patches/cnn3/none/summary.json"
+        how = ["--cores", "2"] if name == "plain" else SLURM
+        args = [sys.executable, "-m", "snakemake", target, *how, *OVERLAYS, "long.yaml"]
+        run = subprocess.Popen(
+            args, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        progress = root / "results/.progress/train/patches/cnn3/none"
+        requeued = None
+        while name == "requeued" and requeued is None:
+            assert run.poll() is None, run.communicate()[0][-3000:]
+            queue = subprocess.run(
+                ["squeue", "-h", "-o", "%i|%T|%k"], capture_output=True, text=True
+            ).stdout
+            rows = [r.split("|") for r in queue.splitlines()]
+            running = [r[0] for r in rows if r[1] == "RUNNING" and r[2].startswith("rule_train")]
+            job = running[0] if running else None
+            if job and any(progress.rglob("*.pt")):  # some rounds are saved
+                subprocess.run(["scontrol", "requeue", job], check=True)
+                requeued = job
+            time.sleep(0.3)
+        log, _ = run.communicate(timeout=1200)
+        assert run.returncode == 0, log[-3000:]
+        runs[name] = root
+    root = runs["requeued"]
+    job_log = (root / "results/logs/train/patches/cnn3/none.log").read_text()
+    assert "resuming from saved progress" in job_log, job_log[-2000:]
+    for ckpt in sorted((runs["plain"] / "results/checkpoints").rglob("*.pt")):
+        other = root / ckpt.relative_to(runs["plain"])
+        assert other.read_bytes() == ckpt.read_bytes(), ckpt.name
+    from gradinv.cluster import sacct_states  # what onerror asks SLURM after a failure
+
+    assert sacct_states([requeued]) == {requeued: "COMPLETED"}
+    cluster.update(requeued_job=requeued)

@@ -14,6 +14,11 @@ scheduler) and which rules share a submission (:func:`group`) is decided here, w
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # Rules run by the Snakemake process itself, on the submit host: each is seconds of work, so a
@@ -91,3 +96,91 @@ def group(config: dict[str, Any], rule: str) -> str | None:
     if rule in ("capture", "attack") and config.get("cluster", {}).get("group_cells", False):
         return "cell"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# When SLURM stopped a job: which limit to raise
+# ---------------------------------------------------------------------------------------------
+
+# Snakemake's SLURM plugin logs each submission as "... with SLURM jobid 123 (log:
+# .../slurm_logs/rule_train/...)" (or group_cell for a group); it reports a failed job by its
+# state alone, so the limit behind the state is named here.
+_SUBMITTED = re.compile(r"with SLURM jobid (\d+) \(log: [^)]*?/slurm_logs/(?:rule|group)_([\w-]+)/")
+_LIMITS = {  # state -> (resource, what SLURM enforced, unit)
+    "TIMEOUT": ("runtime", "time limit", "minutes"),
+    "OUT_OF_MEMORY": ("mem_mb", "memory limit", "MB"),
+}
+_RESUME = (
+    "Rerun the same command: finished jobs are kept, and a training job resumes from its last "
+    "progress file (saved every progress.every_seconds)."
+)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, str]:
+    """Each SLURM job's final state from the accounting (``sacct``); {} where it cannot say."""
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "--format=JobID,State"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = (line.split("|") for line in out.splitlines() if "|" in line)
+    return {job: state.split()[0] for job, state, *_ in rows}  # "CANCELLED by 0" -> CANCELLED
+
+
+def explain_slurm_failures(
+    log_text: str,
+    config: dict[str, Any],
+    states: Callable[[list[str]], dict[str, str]] = sacct_states,
+) -> list[str]:
+    """What to do about each job of this run that SLURM stopped (time, memory, a lost node,
+    preemption), from the run's Snakemake log and SLURM's accounting; one message per rule and
+    cause. Jobs that failed on their own are left to their logs."""
+    submitted = dict(_SUBMITTED.findall(log_text))
+    if not submitted:
+        return []
+    found = states(list(submitted))
+    messages: dict[tuple[str, str], str] = {}
+    blocks = config.get("cluster", {}).get("resources", {})
+    for job, state in found.items():
+        what = submitted.get(job)
+        if what is None or (what, state) in messages:
+            continue
+        rule = VARIANTS.get(what, what)
+        if state in _LIMITS:
+            key, limit, unit = _LIMITS[state]
+            if what == "cell":  # a group: one submission for a cell's captures and attacks
+                now = {r: resources(config, r).get(key) for r in ("capture", "attack")}
+                setting = " and ".join(f"cluster.resources.{r}.{key}" for r in now)
+                held = ", ".join(f"{r} {v} {unit}" for r, v in now.items())
+                name = "a cell's captures and attacks (one submission: cluster.group_cells)"
+            else:
+                setting = f"cluster.resources.{rule}.{key}"
+                source = rule if key in blocks.get(rule, {}) else "default"
+                held = f"{resources(config, rule).get(key)} {unit} (cluster.resources.{source})"
+                name = rule
+            messages[(what, state)] = (
+                f"SLURM stopped {name} (SLURM job {job}, state {state}) at its {limit}: {key} "
+                f"was {held}. Raise {setting} in params.yaml or your --configfile overlay. "
+                f"{_RESUME}"
+            )
+        elif state in ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL"):
+            messages[(what, state)] = (
+                f"{rule} (SLURM job {job}) ended with state {state}: its node failed or the job "
+                f"was preempted, not the job itself. {_RESUME} With --slurm-requeue SLURM puts "
+                "such jobs back in the queue by itself."
+            )
+    return list(messages.values())
+
+
+def report_slurm_failures(log: str | Path | None, config: dict[str, Any]) -> None:
+    """Print :func:`explain_slurm_failures` for the run whose Snakemake log is ``log`` (the
+    Snakefile's ``onerror``)."""
+    if not log or not Path(log).exists():
+        return
+    for message in explain_slurm_failures(Path(log).read_text(errors="replace"), config):
+        print(f"gradinv: {message}", file=sys.stderr)
