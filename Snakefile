@@ -11,7 +11,7 @@
 #   utility  FL training under each defense: its accuracy beside no defense (utility.csv)
 #   client_time  the seconds a client spends on its defended update (Refiner's Table 4)
 #   claims   the papers' qualitative claims checked against the results (claims.md)
-# Usage: snakemake results/table1.csv --cores all   (see README.md)
+# Usage: snakemake results/table1.csv --cores all   (see README.md and docs/)
 
 from gradinv.config import table_models
 from gradinv.jobs import (

@@ -1,6 +1,6 @@
 """DVC on a cluster: what one machine built is pushed once to a remote and pulled by a fresh clone.
 
-The README's "Running on a cluster" keeps the prepared datasets, their partitions, the generators
+docs/cluster.md ("Running on a cluster") keeps the prepared datasets, their partitions, the generators
 and the checkpoints in a DVC remote (a shared folder here; SSH or S3 where users have one). This
 test builds the `data` and `generators` stages in a git repository of the project (`dvc repro`,
 the DCGAN cut to 20 steps), pushes them to a local-folder remote, clones the repository, pulls,
@@ -67,7 +67,7 @@ def test_a_fresh_clone_pulls_what_was_pushed_and_rebuilds_nothing(tmp_path):
     git("add", "-A")
     git("commit", "-qm", "project")
     _run(origin, *DVC, "init", "-q")
-    _run(origin, *DVC, "remote", "add", "-d", "shared", remote)  # README: a shared folder
+    _run(origin, *DVC, "remote", "add", "-d", "shared", remote)  # docs/cluster.md: a shared folder
     _run(origin, *DVC, "repro", "data", "generators")
     git("add", "-A")
     git("commit", "-qm", "dvc.lock")
@@ -80,7 +80,7 @@ def test_a_fresh_clone_pulls_what_was_pushed_and_rebuilds_nothing(tmp_path):
     assert not (clone / "data").exists()
     _run(clone, *DVC, "pull", "data", "generators")
     assert _digests(clone) == built
-    # The README's next command: the pulled files' times in the order Snakemake expects.
+    # docs/cluster.md's next command: the pulled files' times in the order Snakemake expects.
     _run(clone, *SNAKEMAKE, "--touch", "prepared_data", "generators", "--cores", "1")
     plan = _run(clone, *SNAKEMAKE, "-n", "results/table1.csv", "--cores", "1", "--quiet", "rules")
     jobs = _planned(plan)

@@ -1,6 +1,6 @@
 """MLflow on a cluster: jobs log over HTTP to a tracking server backed by PostgreSQL.
 
-The README's "Running on a cluster" starts ``mlflow server`` with a PostgreSQL database as its
+docs/cluster.md ("Running on a cluster") starts ``mlflow server`` with a PostgreSQL database as its
 store and sets ``tracking.uri`` to the server's address, so that jobs on many nodes never write one
 SQLite file. This test does the same on this machine: PostgreSQL from Debian's packages
 (installed where missing, so it needs root and apt, as in CI; elsewhere it is skipped with the
@@ -122,7 +122,7 @@ def postgres() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def tracking_server(postgres: str, tmp_path_factory) -> Iterator[str]:
-    """``mlflow server`` on that database, as the README starts it: its http:// address."""
+    """``mlflow server`` on that database, as docs/cluster.md starts it: its http:// address."""
     port = _free_port()
     where = ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = tmp_path_factory.mktemp("mlflow-server") / "server.log"

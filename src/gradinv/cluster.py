@@ -5,8 +5,8 @@ Every job that takes a device holds one ``gpu`` resource when it may use a GPU (
 has, on SLURM the executor plugin turns it into ``--gpus=1``. A rule's memory (``mem_mb``) and time
 limit (``runtime``, minutes) come from ``cluster.resources`` (its own block, else ``default``),
 its CPUs from ``threads_per_job``: one setting per scale, not numbers typed into each rule, and a
-local run ignores them. ``profiles/slurm`` is the SLURM profile; the README's "Running on a
-cluster" says how to run it.
+local run ignores them. ``profiles/slurm`` is the SLURM profile; docs/cluster.md says how to run
+it.
 
 Where each rule runs on a cluster (:data:`LOCAL_RULES`: on the submit host, the others through the
 scheduler) and which rules share a submission (:func:`group`) is decided here, with the reason.

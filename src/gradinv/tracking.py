@@ -129,7 +129,7 @@ def pending_dir(project_root: Path) -> Path:
 
 
 def mlflow_ui_command(project_root: Path) -> str:
-    """The exact command that browses this project's runs (for the README)."""
+    """The exact command that browses this project's runs (for the documentation)."""
     return f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri(project_root))} --port 5000"
 
 

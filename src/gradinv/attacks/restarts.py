@@ -10,7 +10,7 @@ the gradient distance). Two layouts compute it:
   backward passes run as one batched pass (convolutions over R·B images). It fills a GPU.
 - ``sequential``: a loop over the restarts, one autograd graph each.
 
-``auto`` picks what ``benchmarks/restarts.py`` measured faster (README, "Speed of the attacks"):
+``auto`` picks what ``benchmarks/restarts.py`` measured faster (docs/attacks.md, its speed):
 one restart runs ``sequential`` (vmap over one is pure overhead); several run ``batched`` on a
 GPU, and on the CPU ``batched`` for a small model (under ``SMALL_MODEL`` parameters, where the
 per-restart dispatch overhead dominates: the 3-layer CNN) and ``sequential`` for a large one

@@ -41,7 +41,7 @@ No official code exists. Where the paper is silent or ambiguous, these are the c
   bytes: a client knows its own data).
 - On the embedded 3-layer CNN the weights |g * theta * tau^i| are of order 1e-3, so UM's image
   gradient is 1e-4 to 1e-6 of PM's and PM drives the search; on the paper's LeNet (sigmoid) UM's
-  is 5 to 35 times PM's (measured, see README): how much UM shapes x* depends on the model.
+  is 5 to 35 times PM's (measured, docs/defenses.md): how much UM shapes x* depends on the model.
 """
 
 from __future__ import annotations
