@@ -219,7 +219,9 @@ def test_a_requeued_training_job_resumes_from_its_progress(cluster, tmp_path):
             rows = [r.split("|") for r in queue.splitlines()]
             running = [r[0] for r in rows if r[1] == "RUNNING" and r[2].startswith("rule_train")]
             job = running[0] if running else None
-            if job and any(progress.rglob("*.pt")):  # some rounds are saved
+            # the loop's state (state.pt, saved after each round), not only the round-0 model
+            # the loop saves first: a requeue before the first state.pt restarts from round 0
+            if job and any(p.name == "state.pt" for p in progress.rglob("*.pt")):
                 subprocess.run(["scontrol", "requeue", job], check=True)
                 requeued = job
             time.sleep(0.3)
