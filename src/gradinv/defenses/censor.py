@@ -371,23 +371,15 @@ class Censor(Defense):
             r = torch.randn(shape, generator=generator, dtype=like.dtype, device=generator.device)
             return r.to(like.device)
 
+        def project(g: Tensor, b: Tensor | None) -> Tensor:  # the T directions of g, at once
+            return vmap(lambda r: orthogonal_direction(g, r, s.projection, b))(directions(g))
+
         if s.scope == "layer-wise":
-            stacked = {}
-            for n, g in grads.items():
-                b = None if basis is None else basis[n]
-                project = vmap(lambda r, g=g, b=b: orthogonal_direction(g, r, s.projection, b))
-                stacked[n] = project(directions(g))
-        else:
-            names = list(grads)
-            flat = torch.cat([grads[n].reshape(-1) for n in names])
-            out = vmap(lambda r: orthogonal_direction(flat, r, s.projection, basis))(
-                directions(flat)
-            )
-            pieces = out.split([grads[n].numel() for n in names], dim=1)
-            stacked = {
-                n: p.reshape(s.trials, *grads[n].shape) for n, p in zip(names, pieces, strict=True)
-            }
-        return stacked
+            return {n: project(g, None if basis is None else basis[n]) for n, g in grads.items()}
+        names = list(grads)
+        flat = torch.cat([grads[n].reshape(-1) for n in names])
+        pieces = project(flat, basis).split([grads[n].numel() for n in names], dim=1)
+        return {n: p.reshape(s.trials, *grads[n].shape) for n, p in zip(names, pieces, strict=True)}
 
     def _public_candidates(
         self,
