@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env table1 all test test-fast lint dryrun gpu-check mlflow-ui clean
+.PHONY: env table1 all report dvc-lock test test-fast lint dryrun gpu-check mlflow-ui clean
 
 env: $(VENV)/.installed $(VENV)/.guarded
 
@@ -35,6 +35,20 @@ table1: env
 
 all: env
 	$(BIN)/snakemake --cores $(CORES)
+
+# One browsable page of what the run built: every table, figure and the claims, by paper.
+# REPORT_TARGETS: the targets it covers (default: everything `all` builds that exists);
+# CONFIG: an overlay (make report CONFIG=tests/configs/micro.yaml REPORT_TARGETS=results/table1.csv).
+REPORT_TARGETS ?= all
+report: env
+	$(BIN)/snakemake $(REPORT_TARGETS) --report results/report.html $(if $(CONFIG),--configfile $(CONFIG))
+
+# dvc.lock as `dvc repro` leaves it for the stages every checkout can afford to run (the
+# prepared data, the attacker's generators, the evaluation networks: minutes on 2 cores);
+# tests/test_workflow.py fails when a stage it records was run on other code or settings.
+dvc-lock: env
+	rm -f dvc.lock  # a stage recorded before, run on other code, would stay stale
+	$(BIN)/dvc repro data generators evalnet
 
 test: env
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q

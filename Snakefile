@@ -29,13 +29,25 @@ from gradinv.jobs import (
     victim_groups,
 )
 from gradinv.sweeps import table_runs
-from gradinv.table_inputs import claim_inputs, table_score_files, table_utility_runs
+from gradinv.table_inputs import (
+    ACROSS,
+    CENSOR,
+    PAPERS,
+    claim_inputs,
+    report_category,
+    report_subcategory,
+    table_score_files,
+    table_utility_runs,
+)
 from gradinv import cluster, pipeline
 
 pipeline.setup_environment(workflow.basedir)
 
 
 configfile: "params.yaml"
+
+
+report: "workflow/report/workflow.rst"  # snakemake --report results/report.html (make report)
 
 
 pipeline.validated(config, workflow.configfiles)

@@ -411,3 +411,39 @@ def test_the_official_loop_runs_without_partition_or_fl():
     assert job["official_loop"] == {**loop, "eval_samples": PARAMS["fl"]["eval_samples"]}
     assert job["partition"] is None and job["fl"] is None
     assert job["defense"] == cfg["defenses"]["censor_code"]
+
+
+def test_the_stored_method_schemas_and_facts_match_the_registries():
+    """Validation and the job graph read each method's settings schema and facts from
+    workflow/schemas/methods.json, without importing the methods (torch); it must say what the
+    registries say."""
+    from gradinv import methods
+
+    assert methods.stored() == methods.generate(), (
+        f"{methods.PATH} is stale: regenerate it with `gradinv schema --write`"
+    )
+
+
+def test_a_dry_run_imports_no_torch_once_the_configuration_was_checked(tmp_path):
+    """Every Snakemake call (-n, --lint, --report) validates the configuration and builds the
+    job graph; the second call on an unchanged configuration and code loads no torch."""
+    from test_workflow import SNAKEMAKE, quiet_env, workflow_copy
+
+    root = workflow_copy(tmp_path)
+    args = [*SNAKEMAKE, "-n", "results/table1.csv", "--configfile", "tests/configs/micro.yaml"]
+    first = subprocess.run(args, cwd=root, capture_output=True, text=True, env=quiet_env())
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = subprocess.run(
+        args,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**quiet_env(), "PYTHONPROFILEIMPORTTIME": "1"},
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if "|" in line
+    }
+    assert "gradinv.jobs" in imported  # the profile covers the workflow's own modules
+    assert "torch" not in imported and "gradinv.attacks" not in imported
+    assert "report" in again.stdout  # and the job graph is all there

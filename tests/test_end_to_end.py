@@ -4,13 +4,20 @@ Snakemake run that the tests below read (the jobs the two tables share run once)
 
 import csv
 import json
+import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from browser import browser_page, screenshot
 from gradinv.io import load_tensors
 from gradinv.tables.files import read_records
 from test_workflow import snakemake, workflow_copy
@@ -26,11 +33,15 @@ def victim0(folder):
     return data["runs"][0] | {"server": data["server"]}
 
 
+TARGETS = ("results/table1.csv", "results/data_centric.csv")
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     root = workflow_copy(tmp_path_factory.mktemp("tiny"))
-    targets = ("results/table1.csv", "results/data_centric.csv")
-    proc = snakemake(*targets, "--cores", "2", "--configfile", TINY, cwd=root, timeout=1500)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GRADINV_FIGURE_CHECK", "strict")  # every figure: no overlapping text
+        proc = snakemake(*TARGETS, "--cores", "2", "--configfile", TINY, cwd=root, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root
 
@@ -224,3 +235,135 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     assert "(0.1418)" in (root / "results/refiner_table4_time.md").read_text()  # the paper's
     vs = pd.read_csv(root / "results/refiner_table4_time_vs_paper.csv")
     assert len(vs) == 4 and vs["paper"].notna().all()  # the paper reports LeNet and ViT
+
+
+@pytest.mark.slow
+def test_the_report_shows_table_i_as_a_table_and_a_figure_in_a_browser(tiny_run):
+    """``snakemake --report``: Table I under its paper, its page a real HTML table with the
+    figure inline, and the figure itself, as a person sees them in a headless Chromium.
+    With GRADINV_SCREENSHOTS=<folder> the views are saved there (docs/images)."""
+    root = tiny_run
+    report = root / "results/report.html"
+    proc = snakemake(*TARGETS, "--report", str(report), "--configfile", TINY, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shots = os.environ.get("GRADINV_SCREENSHOTS")
+    with browser_page() as page:
+        page.goto(report.as_uri())
+        page.get_by_text("Results", exact=True).click()
+        page.get_by_text("CENSOR (NDSS 2025)").first.click()
+        if page.get_by_text("Table I", exact=True).count():  # a subcategory, with several
+            page.get_by_text("Table I", exact=True).first.click()
+        row = page.locator("tr", has=page.get_by_text("table", exact=True))
+        row.locator("a[iconname=eye]").click()
+        frame = page.frame_locator("iframe").first
+        heading = frame.locator("h1")
+        heading.wait_for()
+        assert heading.inner_text().startswith("CENSOR (NDSS 2025) Table I")
+        table = frame.locator("table").first
+        assert table.locator("th").first.inner_text() == "dataset"
+        assert "No Defense" in table.inner_text() and "PSNR↓" in table.inner_text()
+        assert frame.locator("img[src^='data:image/png']").count() == 1  # the figure, inline
+        assert frame.get_by_text("SCALED-DOWN run").count() >= 1
+        if shots:
+            screenshot(page, Path(shots) / "report-table1.png")
+        figure = page.locator("tr", has=page.get_by_text("figure", exact=True))
+        figure.locator("a[iconname=eye]").click()
+        image = page.locator("img[src^='data:image/png']").first
+        image.wait_for()
+        assert image.evaluate("i => i.naturalWidth") > 300  # decoded: a real picture
+        if shots:
+            screenshot(page, Path(shots) / "report-table1-figure.png")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
+    """The tiny run's MLflow store in the real UI (``mlflow server`` on it, headless Chromium):
+    an attack run named by its defense and attack, its metrics, the metrics it could not compute
+    and why, and one side-by-side picture of the original and the reconstruction. The runs,
+    logged when the workflow ended, carry their jobs' own start and end times."""
+    root = tiny_run
+    with sqlite3.connect(root / "mlflow.db") as db:
+        attacks = db.execute(
+            "select r.run_uuid, r.experiment_id, r.name, r.start_time, r.end_time "
+            "from runs r join tags t on r.run_uuid = t.run_uuid "
+            "where t.key = 'gradinv.kind' and t.value = 'attack' and r.lifecycle_stage = 'active'"
+        ).fetchall()
+        kind = db.execute(
+            "select value from experiment_tags where key = 'mlflow.experimentKind'"
+        ).fetchall()
+        unavailable = dict(
+            db.execute(
+                "select run_uuid, value from tags where key = 'gradinv.unavailable_metrics'"
+            ).fetchall()
+        )
+    assert kind and {k for (k,) in kind} == {"custom_model_development"}
+    # each job's own time: an attack job (a process that imports torch) lasts over a second,
+    # where a run stamped when the workflow flushed it lasted ~100 ms
+    assert all(end - start > 1000 for *_, start, end in attacks)
+    run_id, experiment, name, _, _ = next(a for a in attacks if "censor × ig" in a[2])
+    assert name.startswith("censor × ig, victim 0")
+    image = "images/victim0_0_original_vs_reconstruction.png"
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=root,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    shots = os.environ.get("GRADINV_SCREENSHOTS")
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "mlflow server down"
+            time.sleep(1)
+        view = "?workflowType=machine_learning"
+        with browser_page() as page:
+            page.goto(f"{base}/#/experiments/{experiment}/runs/{run_id}{view}")
+            page.get_by_text("Metrics (", exact=False).first.wait_for(timeout=60_000)
+            body = page.inner_text("body")
+            assert name in body
+            assert "psnr" in body and "ssim" in body and "attack_seconds" in body
+            if run_id in unavailable:  # LPIPS without its weights: said, in the description
+                assert "Unavailable metrics (not logged, never faked): lpips:" in body
+                assert "lpips" not in body.split("Metrics (")[1].split("Parameters (")[0]
+            if shots:
+                screenshot(page, Path(shots) / "mlflow-attack-run.png")
+            page.goto(f"{base}/#/experiments/{experiment}/runs/{run_id}/artifacts/{image}{view}")
+            picture = page.locator("img[src^='blob:']").first
+            picture.wait_for(timeout=60_000)
+            page.wait_for_function(
+                "i => i.complete && i.naturalWidth > 0", arg=picture.element_handle()
+            )
+            size = picture.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+            assert size == [(32 + 2 + 32) * 4, 32 * 4]  # original | reconstruction, 4x, sharp
+            if shots:
+                screenshot(page, Path(shots) / "mlflow-attack-image.png")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

@@ -18,9 +18,17 @@ from test_workflow import run_target, workflow_copy
 
 
 @pytest.mark.slow
-def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "live"])
+def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path, defer):
+    """Deferred (the default: logged when the workflow ends) or live (``tracking.defer:
+    false``: each job logs as it ends, four at a time through the store's lock), every job's
+    run is there once, with its own start and end."""
     root = workflow_copy(tmp_path)
-    proc = run_target(root, "--cores", "4", "--configfile", "tests/configs/micro.yaml")
+    overlay = root / "tests/configs/tracking.yaml"
+    overlay.write_text(f"tracking: {{defer: {str(defer).lower()}}}\n")
+    proc = run_target(
+        root, "--cores", "4", "--configfile", "tests/configs/micro.yaml", str(overlay)
+    )
     scored = [r for p in (root / "results/metrics").rglob("*.json") for r in read_records(p)]
     jobs = {  # what logs a run: one summary per training job, one record per scored victim
         "train": len(list((root / "results/train").rglob("summary.json"))),
@@ -37,7 +45,12 @@ def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path):
     assert kinds.count("train") == jobs["train"] == 2
     assert kinds.count("attack") == jobs["score"] == 4
     assert len({key for _, key in runs}) == len(runs)  # exactly once per job
-    assert not list((root / "mlflow.db.pending").glob("*"))  # deferred, then all flushed
+    assert not list((root / "mlflow.db.pending").glob("*"))  # nothing left pending
+    with sqlite3.connect(root / "mlflow.db") as db:
+        times = db.execute(
+            "select start_time, end_time from runs where lifecycle_stage = 'active'"
+        ).fetchall()
+    assert all(end - start > 1000 for start, end in times)  # each job's own time (s, not ms)
     assert not (root / "results/logs/tracking-failures.log").exists()
     assert "could not be logged" not in proc.stderr
 

@@ -117,7 +117,7 @@ def test_save_tensors_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
         f.flush()
         raise _enospc()
 
-    monkeypatch.setattr(gradinv.io.torch, "save", save_half)
+    monkeypatch.setattr(torch, "save", save_half)  # what save_tensors calls
     with pytest.raises(OSError) as info:
         gradinv.io.save_tensors(tmp_path / "out" / "capture.pt", {"x": torch.zeros(3)})
     assert list((tmp_path / "out").iterdir()) == []

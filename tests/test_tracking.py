@@ -370,3 +370,53 @@ def test_deferring_with_tracking_off_writes_nothing(
     assert not tracking.pending_dir(tmp_path).exists()
     assert tracking.flush_pending(tmp_path) == (0, [])
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_deferred_run_carries_its_jobs_own_start_and_end_times(store: Path):
+    """Logged when the workflow ends, a run still shows when its job ran and how long it took,
+    not the flush's instant (every run used to last ~100 ms)."""
+    import time
+
+    started = time.time() - 120.0  # the job began two minutes ago
+    path = _log(store, "job/timed", started=started, defer=True)
+    ended = time.time()
+    assert path and Path(path).is_file()
+    time.sleep(0.5)
+    assert tracking.flush_pending(store) == (1, [])
+    (run,) = _active_runs(store)
+    assert run.info.start_time == int(started * 1000)
+    assert int(started * 1000) + 119_000 < run.info.end_time <= int(ended * 1000) + 1
+    metric = _client(store).get_metric_history(run.info.run_id, "m")[0]
+    assert metric.timestamp == run.info.end_time  # logged when the job ended
+
+
+def test_a_final_value_is_the_last_point_of_its_history_not_a_point_at_step_0(store: Path):
+    history = {"accuracy": [(r, 0.1 * r) for r in range(1, 6)]}
+    _log(store, "job/curve", metrics={"accuracy": 0.5, "psnr": 12.0}, history=history)
+    (run,) = _active_runs(store)
+    points = _client(store).get_metric_history(run.info.run_id, "accuracy")
+    assert sorted(p.step for p in points) == [1, 2, 3, 4, 5]  # no point at step 0
+    assert run.data.metrics == {"accuracy": 0.5, "psnr": 12.0}
+    # a final value that differs from the history's last point is a metric of its own
+    _log(store, "job/curve", metrics={"accuracy": 0.45}, history=history)
+    (run,) = _active_runs(store)
+    points = _client(store).get_metric_history(run.info.run_id, "accuracy")
+    assert min(p.step for p in points) == 1
+    assert run.data.metrics == {"accuracy": 0.5, "accuracy/final": 0.45}
+
+
+def test_the_experiment_opens_in_the_model_training_view(store: Path):
+    _log(store, "job/kind")
+    experiment = _client(store).get_experiment_by_name(EXP)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_an_attack_run_has_one_side_by_side_image_drawn_pixel_for_pixel():
+    from gradinv.mlflow_run import side_by_side
+
+    original = np.zeros((3, 8, 8))
+    reconstruction = np.ones((1, 8, 8)) * 0.5  # grey beside colour
+    pair = side_by_side(original, reconstruction, scale=4)
+    assert pair.shape == (32, (8 + 2 + 8) * 4, 3)
+    assert (pair[:, :32] == 0).all() and (pair[:, 40:] == 128 / 255).all()
+    assert (pair[:, 32:40] == 1).all()  # the white gap between them

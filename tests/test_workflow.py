@@ -357,3 +357,95 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     assert victim_indices(1, 3, 2, labels) == [2, 3, 4]
     with pytest.raises(ValueError, match="only 2 distinct labels among validation images 6"):
         victim_indices(3, 3, 2, labels, distinct=True)
+
+
+def test_dvc_metrics_and_plots_show_what_the_results_hold(tmp_path):
+    """`dvc metrics show` lists each table's headline numbers and the claims' verdict counts;
+    `dvc plots show` renders the convergence curves and the frontier, a line per defense. On
+    result files the stages' own writers made (a table rendered from synthetic records, the
+    claims' summary, a convergence and a frontier file in their stages' columns)."""
+    import json
+
+    from gradinv.tables import render_table
+    from test_tables import NOTE, REFERENCE, SETTING, grid_records, write
+
+    root = workflow_copy(tmp_path / "project")
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    results = root / "results"
+    render_table(
+        "table1",
+        write(tmp_path, grid_records()),
+        results,
+        attacks=["ig", "gi"],
+        defenses=["none", "noise"],
+        datasets=["patches"],
+        setting=SETTING,
+        scaled_down_note=NOTE,
+        reference_csv=REFERENCE,
+    )
+    (results / "claims_summary.json").write_text(json.dumps({"holds": 3, "fails": 1}))
+    pd.DataFrame(
+        {
+            "loop": ["FL"] * 4,
+            "defense": ["none", "none", "censor", "censor"],
+            "label": ["No Defense", "No Defense", "Censor", "Censor"],
+            "clients_per_round": [2] * 4,
+            "round": [0, 20, 0, 20],
+            "test_accuracy": [0.1, 0.4, 0.1, 0.35],
+            "test_loss": [2.3, 1.5, 2.3, 1.6],
+        }
+    ).to_csv(results / "convergence.csv", index=False)
+    pd.DataFrame(
+        {"base_label": ["Noise", "Noise", "Censor"], "pmm": [0.9, 0.97, 0.99], "psnr": [12, 15, 8]}
+    ).to_csv(results / "frontier.csv", index=False)
+    dvc = [sys.executable, "-m", "dvc"]
+    run = functools.partial(
+        subprocess.run, cwd=root, capture_output=True, text=True, env=quiet_env(), timeout=300
+    )
+    assert run([*dvc, "init", "--no-scm", "-q"]).returncode == 0
+    proc = run([*dvc, "metrics", "show", "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (shown,) = (rev["data"] for rev in json.loads(proc.stdout).values())  # the workspace
+    table1 = shown["results/table1_headline.json"]["data"]
+    assert table1["victims"] == 3 and table1["failed_runs"] == 0
+    assert table1["strongest_attack_psnr_no_defense"] == pytest.approx(21.0)  # victims 20-22
+    assert shown["results/claims_summary.json"]["data"] == {"holds": 3, "fails": 1}
+    proc = run([*dvc, "plots", "show", "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plots = json.loads(proc.stdout)
+    assert not plots.get("errors"), plots["errors"]
+    drawn = {name: p[0]["content"] for name, p in plots["data"].items()}
+    accuracy = drawn["CENSOR Fig. 7, test accuracy over training"]
+    assert accuracy["encoding"]["color"]["field"] == "label"  # a line per defense
+    assert {row["label"] for row in accuracy["data"]["values"]} == {"No Defense", "Censor"}
+    frontier = drawn["Utility against privacy, the frontier"]
+    assert frontier["encoding"]["x"]["field"] == "pmm" and len(frontier["data"]["values"]) == 3
+    assert run([*dvc, "plots", "show", "-o", "plots"]).returncode == 0
+    assert (root / "plots" / "index.html").stat().st_size > 0
+
+
+def test_the_committed_dvc_lock_matches_the_code_and_settings_it_records():
+    """dvc.lock records, for each stage `dvc repro` ran, the hashes of its sources and the
+    values of its params. A stage recorded there with other sources or settings than the
+    checkout's is stale: `make dvc-lock` reruns the stages it keeps (data, generators, evalnet).
+    Outs and the workflow's own files (data/, results/) may be absent here: they are made or
+    pulled, not committed."""
+    from dvc.repo import Repo
+
+    recorded = yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"]
+    with Repo(str(ROOT)) as repo:
+        status = repo.status(targets=list(recorded))
+    stale = {}
+    for stage, changes in status.items():
+        for change in changes if isinstance(changes, list) else []:
+            if not isinstance(change, dict):
+                continue
+            deps = {
+                path: how
+                for path, how in change.get("changed deps", {}).items()
+                if not path.startswith(("data/", "results/")) and how != "deleted"
+            }
+            params = change.get("changed params", {})
+            if deps or params:
+                stale[stage] = {"deps": deps, "params": params}
+    assert not stale, f"dvc.lock is stale for {stale}: run `make dvc-lock` and commit dvc.lock"

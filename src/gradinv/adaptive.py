@@ -15,36 +15,36 @@ fewer against those they do.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
+
+from gradinv.methods import fact
 
 
 def randomized(defense: dict[str, Any]) -> bool:
     """Whether ``defense`` (a validated block) draws a new transform for every update: what EOT
     samples. A class attribute, or a property of the settings (GQ's stochastic rounding)."""
+    declared = fact("defenses", defense["kind"], "randomized")
+    if declared is not None:
+        return bool(declared)
     from gradinv.config import method_settings
-    from gradinv.defenses import DEFENSES
+    from gradinv.defenses import DEFENSES  # a property of the settings: ask the defense
     from gradinv.settings import from_mapping
 
     cls = DEFENSES.get(defense["kind"])
-    if not isinstance(inspect.getattr_static(cls, "randomized"), property):
-        return bool(cls.randomized)
     settings = from_mapping(cls.Settings, method_settings(defense), where=defense["label"])
     return bool(cls(settings).randomized)
 
 
 def architectural(defense: dict[str, Any]) -> bool:
     """Whether ``defense`` adds layers to the model (PRECODE's and CVB's bottlenecks)."""
-    from gradinv.defenses import DEFENSES
-
-    return bool(DEFENSES.get(defense["kind"]).architectural)
+    return bool(fact("defenses", defense["kind"], "architectural"))
 
 
 def as_run_against(attack: dict[str, Any], defense: dict[str, Any]) -> dict[str, Any]:
     """The settings ``attack`` (a validated block) runs with against ``defense``, its label aside:
     without EOT against a defense that is not randomized, without ``@stochastic`` against one
     that adds no layer; a setting that does nothing is left out, so equal runs compare equal."""
-    from gradinv.attacks.base import STOCHASTIC
+    from gradinv.methods import STOCHASTIC
 
     block = {k: v for k, v in attack.items() if k != "label"}
     if block.get("eot_samples") and not randomized(defense):

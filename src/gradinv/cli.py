@@ -222,11 +222,22 @@ def _cmd_tracking_flush(a: argparse.Namespace) -> None:
         print(f"gradinv: logged {logged} pending run(s) to MLflow", file=sys.stderr)
 
 
+def _cmd_schema(a: argparse.Namespace) -> None:
+    from gradinv import methods
+
+    if a.write:
+        print(f"wrote {methods.write()}")
+    else:
+        print(json.dumps(methods.generate(), indent=1, sort_keys=True))
+        print(f"gradinv: --write stores it in {methods.PATH}", file=sys.stderr)
+
+
 def _cmd_mlflow_ui(a: argparse.Namespace) -> None:
     from gradinv.config import project_root
-    from gradinv.tracking import mlflow_ui_command
+    from gradinv.tracking import mlflow_ui_command, mlflow_ui_url
 
     print(mlflow_ui_command(project_root()))
+    print(f"gradinv: then open {mlflow_ui_url()}", file=sys.stderr)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -243,6 +254,14 @@ def parser() -> argparse.ArgumentParser:
     sp = verb("validate", _cmd_validate, "validate params.yaml (and overlays)", settings=False)
     sp.add_argument("--params", default="params.yaml")
     sp.add_argument("--configfile", action="append", help="overlay, as Snakemake's --configfile")
+
+    sp = verb(
+        "schema",
+        _cmd_schema,
+        "each method's settings schema and facts, from the registries (after changing a method)",
+        settings=False,
+    )
+    sp.add_argument("--write", action="store_true", help="store it where validation reads it")
 
     sp = verb(
         "guard",
@@ -411,32 +430,47 @@ def _terminated(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one verb. Failures a user can act on end with one clear message and an exit code:
     2 a configuration error, 3 a corrupted or missing input file or a refused download, and
-    :data:`gradinv.resources.RESOURCE_EXIT_CODE` when memory or disk ran out."""
-    from gradinv.data.base import DownloadError
-    from gradinv.generators import WeightsError
-    from gradinv.io import CorruptFileError
-    from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
-    from gradinv.settings import ConfigError
+    :data:`gradinv.resources.RESOURCE_EXIT_CODE` when memory or disk ran out.
 
+    Nothing heavy is imported before the arguments are parsed: ``gradinv --help`` answers at
+    once, and each verb imports what it needs (torch only where it runs a model)."""
     args = parser().parse_args(argv)
     # Snakemake stops running jobs with SIGTERM (after Ctrl-C, or --keep-going off): exit through
     # Python so that temporary files are removed and nothing half-written is left behind.
     signal.signal(signal.SIGTERM, _terminated)
     try:
         args.func(args)
-    except ConfigError as err:
-        print(f"gradinv {args.verb}: configuration error: {err}", file=sys.stderr)
+    except Exception as err:
+        code = _explained(err, args.verb)
+        if code is None:
+            raise
+        return code
+    return 0
+
+
+def _explained(err: Exception, verb: str) -> int | None:
+    """Print what a user can act on and return its exit code; None for any other failure.
+    The error types are imported here, once there is an error: the data and generator modules
+    they live in load torch."""
+    from gradinv.data.base import DownloadError
+    from gradinv.generators import WeightsError
+    from gradinv.io import CorruptFileError
+    from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
+    from gradinv.settings import ConfigError
+
+    if isinstance(err, ConfigError):
+        print(f"gradinv {verb}: configuration error: {err}", file=sys.stderr)
         return 2
-    except (CorruptFileError, DownloadError, FileNotFoundError, WeightsError) as err:
-        print(f"gradinv {args.verb}: bad input: {err}", file=sys.stderr)
+    if isinstance(err, CorruptFileError | DownloadError | FileNotFoundError | WeightsError):
+        print(f"gradinv {verb}: bad input: {err}", file=sys.stderr)
         return 3
-    except (MemoryError, OSError, RuntimeError) as err:
+    if isinstance(err, MemoryError | OSError | RuntimeError):
         message = explain_failure(err)
         if message is None:
-            raise
-        print(f"gradinv {args.verb}: {message}", file=sys.stderr)
+            return None
+        print(f"gradinv {verb}: {message}", file=sys.stderr)
         return RESOURCE_EXIT_CODE
-    return 0
+    return None
 
 
 if __name__ == "__main__":

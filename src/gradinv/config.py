@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -99,42 +100,62 @@ _GENERATOR_KEYS = {
 }
 
 
-def full_schema() -> dict[str, Any]:
-    """The static schema plus one sub-schema per registered method."""
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    _no_repeats(schema)
-    regs = _registries()
-    sources = {
-        name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
-        for name in regs["datasets"]
-    }
-    schema["properties"]["data"]["properties"]["sources"] |= {
-        "properties": sources,
-        "additionalProperties": False,
-    }
+def methods_schema() -> dict[str, Any]:
+    """Each registered method's settings as JSON schemas, built from the registries (which
+    import torch). Stored with each method's facts by :mod:`gradinv.methods` (``gradinv schema
+    --write``), so that validating a configuration, every Snakemake call's first step, does not
+    load torch; ``tests/test_config.py`` fails when the stored copy is stale."""
     from gradinv.metrics.base import MetricSettings
     from gradinv.metrics.evaluation_network import EvaluationNetworkSettings
 
-    schema["properties"]["evaluation_network"] |= settings_schema(EvaluationNetworkSettings, _NAMED)
-    # metrics: `names` is the static schema's; every other key is a MetricSettings field
-    metrics = schema["properties"]["metrics"]
-    metrics["properties"] = settings_schema(MetricSettings)["properties"] | metrics["properties"]
+    regs = _registries()
+    kinds: dict[str, dict[str, Any]] = {}
     for section in ("models", "defenses", "attacks", "generators"):
-        reg = regs[section]
-        instance = schema["properties"][section]["additionalProperties"]
-        instance["properties"]["kind"] = {"enum": reg.available()}
         common = {
             "generators": _GENERATOR_KEYS,
             "models": {**_NAMED, "attack_settings": _ATTACK_SETTINGS},
         }.get(section, _NAMED)
+        kinds[section] = {
+            kind: settings_schema(
+                regs[section].get(kind).Settings, {"kind": {"const": kind}, **common}
+            )
+            for kind in regs[section].available()
+        }
+    methods = {
+        "sources": {
+            name: settings_schema(regs["datasets"].get(name).Settings, _NAMED)
+            for name in regs["datasets"]
+        },
+        "evaluation_network": settings_schema(EvaluationNetworkSettings, _NAMED),
+        "metrics": settings_schema(MetricSettings)["properties"],
+        "kinds": kinds,
+    }
+    return json.loads(json.dumps(methods))  # as the stored copy reads: lists, not tuples
+
+
+def full_schema(methods: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The static schema plus one sub-schema per registered method (``methods``, by default
+    the stored copy: no torch)."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    _no_repeats(schema)
+    if methods is None:
+        from gradinv.methods import stored
+
+        methods = stored()["schemas"]
+    schema["properties"]["data"]["properties"]["sources"] |= {
+        "properties": methods["sources"],
+        "additionalProperties": False,
+    }
+    schema["properties"]["evaluation_network"] |= methods["evaluation_network"]
+    # metrics: `names` is the static schema's; every other key is a MetricSettings field
+    metrics = schema["properties"]["metrics"]
+    metrics["properties"] = methods["metrics"] | metrics["properties"]
+    for section, kinds in methods["kinds"].items():
+        instance = schema["properties"][section]["additionalProperties"]
+        instance["properties"]["kind"] = {"enum": list(kinds)}
         instance["allOf"] = [
-            {
-                "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-                "then": settings_schema(
-                    reg.get(kind).Settings, {"kind": {"const": kind}, **common}
-                ),
-            }
-            for kind in reg.available()
+            {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]}, "then": then}
+            for kind, then in kinds.items()
         ]
     return schema
 
@@ -228,10 +249,17 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{where}: {error.message}"
 
 
-def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
+def validate(
+    config: dict[str, Any], source: str = "params.yaml", *, checked: Path | None = None
+) -> dict[str, Any]:
     """Check ``config`` against the schema and the cross-references between its sections.
 
     Variants (``from:``) are resolved first, in place, so every consumer sees full blocks.
+    The schema needs no torch (:func:`full_schema`); the cross-checks do (they ask the methods
+    themselves: a model's layers, a dataset's labels). With ``checked`` (a folder) a
+    configuration whose cross-checks passed is remembered there by its digest and the digest of
+    gradinv's code, and is not cross-checked again until either changes: Snakemake validates on
+    every call (``-n``, ``--lint``, ``--report``), and only the first after a change loads torch.
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration is not a mapping of params.yaml's keys")
@@ -248,11 +276,39 @@ def validate(config: dict[str, Any], source: str = "params.yaml") -> dict[str, A
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors[:10])
         raise ConfigError(f"{source} is invalid:\n  {lines}\nFix these keys and rerun.")
+    mark = None if checked is None else checked / _checks_digest(config)
+    if mark is not None and mark.exists():
+        return config
     from gradinv.cross_checks import check_combinations, check_references  # they use this module
 
     check_references(config, source)
     check_combinations(config, source)
+    if mark is not None:
+        _remember(mark)
     return config
+
+
+def _checks_digest(config: dict[str, Any]) -> str:
+    """What the cross-checks' verdict depends on: the configuration and gradinv's own code
+    (its Python files and the schemas)."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=repr).encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted([*package.rglob("*.py"), *SCHEMA_PATH.parent.glob("*")]):
+        digest.update(str(path.relative_to(REPO_ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _remember(mark: Path, keep: int = 32) -> None:
+    """Mark a configuration as checked; keep the newest ``keep`` marks."""
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+        marks = sorted(mark.parent.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in marks[keep:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only project: check again next time
 
 
 def resolve_variants(blocks: dict[str, Any], section: str, source: str) -> None:

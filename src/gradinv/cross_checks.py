@@ -145,10 +145,10 @@ def attack_generator(
 ) -> str | None:
     """The generator attack ``attack`` searches on ``dataset``: its ``generator`` setting, else
     the one generator whose ``datasets`` list ``dataset``; None for an attack without one."""
-    from gradinv.attacks import ATTACKS
+    from gradinv.methods import fact
 
     block = config["attacks"][attack]
-    if not getattr(ATTACKS.get(block["kind"]), "generative", False):
+    if not fact("attacks", block["kind"], "generative"):
         return None
     generators = config.get("generators", {})
     chosen = block.get("generator", "")
@@ -197,7 +197,7 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
     def fail(message: str) -> None:
         raise ConfigError(f"{source}: {message}")
 
-    from gradinv.attacks.base import STOCHASTIC
+    from gradinv.methods import STOCHASTIC
 
     for name, attack in config["attacks"].items():
         for key in ("layers", "ignore_layers"):

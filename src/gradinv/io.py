@@ -31,12 +31,11 @@ import json
 import os
 import re
 import shlex
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import torch
 
 
 class CorruptFileError(RuntimeError):
@@ -151,6 +150,8 @@ def save_tensors(path: str | os.PathLike[str], obj: Any) -> str:
 
     The file holds ``obj`` with a digest of its content, checked by :func:`load_tensors`.
     """
+    import torch  # here, not above: the workflow's job graph reads JSON helpers of this module
+
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:  # through a file object, a full disk keeps its errno
             torch.save({"format": FORMAT, "sha256": content_digest(obj), "payload": obj}, f)
@@ -177,6 +178,8 @@ def load_tensors(
                 f"{path} is corrupted: sha256 {actual[:12]}... differs from the recorded "
                 f"{expected_sha256[:12]}....{hint}"
             )
+    import torch
+
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
@@ -198,7 +201,8 @@ def content_digest(obj: Any) -> str:
 
 
 def _digest_into(h: Any, obj: Any) -> None:
-    if isinstance(obj, torch.Tensor):
+    torch = sys.modules.get("torch")  # not loaded: nothing here is a tensor
+    if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

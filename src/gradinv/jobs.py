@@ -23,6 +23,8 @@ from gradinv.config import (
     table_victims,
 )
 from gradinv.cross_checks import attack_generator
+from gradinv.methods import fact
+from gradinv.paths import evaluation_network_path, generator_path
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
 from gradinv.table_inputs import COMMON, claim_tables, table_utility_runs
 
@@ -50,8 +52,6 @@ def model_block(config: dict[str, Any], model: str) -> dict[str, Any]:
 
 def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> list[str]:
     """The generator file an attack job reads (empty for an attack without a generator)."""
-    from gradinv.generators.files import generator_path
-
     name = attack_generator(config, attack, dataset)
     if name is None:
         return []
@@ -61,10 +61,7 @@ def attack_generator_file(config: dict[str, Any], attack: str, dataset: str) -> 
 def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[str]:
     """The files a client running ``defense`` reads besides the model and its data: Refiner's
     evaluation network (rules train, capture, train_utility and the convergence study)."""
-    from gradinv.defenses import DEFENSES
-    from gradinv.metrics.evaluation_network import evaluation_network_path
-
-    if DEFENSES.get(config["defenses"][defense]["kind"]).needs_evaluation_network:
+    if fact("defenses", config["defenses"][defense]["kind"], "needs_evaluation_network"):
         return [evaluation_network_path(dataset)]
     return []
 
@@ -72,8 +69,6 @@ def defense_assets(config: dict[str, Any], defense: str, dataset: str) -> list[s
 def metric_assets(config: dict[str, Any], dataset: str) -> list[str]:
     """The files the score stage reads to compute ``metrics.names``: the evaluation network of
     the noise_ratio metric, unless ``metrics.evaluation_network`` names one."""
-    from gradinv.metrics.evaluation_network import evaluation_network_path
-
     metrics = config["metrics"]
     if "noise_ratio" in metrics["names"] and not metrics["evaluation_network"]:
         return [evaluation_network_path(dataset)]
@@ -100,12 +95,10 @@ def evaluation_network_files(config: dict[str, Any]) -> list[str]:
 
 def malicious_attacks(config: dict[str, Any]) -> list[str]:
     """The attacks whose server changes the model it sends (Imprint): each has its own capture."""
-    from gradinv.attacks import ATTACKS
-
     return [
         name
         for name, block in config["attacks"].items()
-        if ATTACKS.get(block["kind"]).server == "malicious"
+        if fact("attacks", block["kind"], "server") == "malicious"
     ]
 
 
@@ -131,12 +124,10 @@ def capture_file(config: dict[str, Any], w: Any) -> str:
 
 def generator_names(config: dict[str, Any], trained: bool) -> str:
     """A wildcard pattern of the generators that are trained here (or fetched), for the rules."""
-    from gradinv.generators import GENERATORS
-
     names = [
         name
         for name, block in config.get("generators", {}).items()
-        if GENERATORS.get(block["kind"]).trainable == trained
+        if fact("generators", block["kind"], "trainable") == trained
     ]
     return "|".join(map(re.escape, names)) if names else "(?!)"
 
@@ -348,10 +339,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "capture": config["capture"],
         }
         if "attack" in w:  # a malicious server's capture: the model its attack changed
-            from gradinv.attacks import ATTACKS
-
             block = config["attacks"][w["attack"]]
-            fields = ATTACKS.get(block["kind"]).modification_fields
+            fields = fact("attacks", block["kind"], "modification_fields")
             out["malicious"] = {"kind": block["kind"]} | {f: block[f] for f in fields if f in block}
     elif stage == "attack":
         out |= {

@@ -35,6 +35,9 @@ class Run:
     artifacts: dict[str, str]  # absolute: a flush may run elsewhere
     status: str
     errors: list[str] = field(default_factory=list)  # items that could not be read
+    # the job's own start and end (ms since the epoch), whenever the run is written to MLflow
+    start_time: int | None = None
+    end_time: int | None = None
 
     @classmethod
     def of(
@@ -50,7 +53,10 @@ class Run:
         artifacts: Mapping[str, Path],
         images: Mapping[str, Any],
         status: str,
+        start_time: float | None = None,
+        end_time: float | None = None,
     ) -> Run:
+        """``start_time`` and ``end_time`` in seconds since the epoch (``time.time()``)."""
         errors: list[str] = []
 
         def number(key: Any, value: Any) -> Any:
@@ -86,6 +92,8 @@ class Run:
             artifacts={str(k): str(Path(v).absolute()) for k, v in artifacts.items()},
             status=status,
             errors=errors,
+            start_time=None if start_time is None else int(start_time * 1000),
+            end_time=None if end_time is None else int(end_time * 1000),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -129,7 +137,13 @@ class Payload:
                 continue
             if not math.isfinite(number):
                 nonfinite.append(f"{key}={number}")
-            self.metrics.append((mlflow_key(key, key_len), number, 0))
+            # A final value with a history is that history's last point, logged there already;
+            # one that differs is a metric of its own: never a point at step 0 of the curve.
+            series = run.history.get(key)
+            if series and series[-1][1] == number:
+                continue
+            name = f"{key}/final" if series else key
+            self.metrics.append((mlflow_key(name, key_len), number, 0))
         for key, series in run.history.items():
             bad = 0
             for step, number in series:
@@ -175,6 +189,23 @@ def mlflow_key(key: str, limit: int) -> str:
     clean = re.sub(r"/+", "/", clean)
     clean = "/".join("_" if part in (".", "..") else part for part in clean.split("/"))
     return clean[:limit]
+
+
+def side_by_side(original: Any, reconstruction: Any, *, scale: int = 4) -> Any:
+    """One picture of ``original`` | ``reconstruction`` (a white gap between), each pixel drawn
+    as ``scale`` x ``scale`` (no smoothing: a 32x32 image stays readable in the UI), in [0, 1]."""
+    import numpy as np
+
+    left, right = (
+        _to_uint8_image(i).astype(np.float64) / 255.0 for i in (original, reconstruction)
+    )
+    if left.ndim != right.ndim:  # one grey, one colour: both as colour
+        left, right = (
+            a if a.ndim == 3 else np.repeat(a[..., None], 3, axis=2) for a in (left, right)
+        )
+    gap = np.ones((left.shape[0], 2, 3))
+    pair = np.concatenate([left, gap, right], axis=1)
+    return np.repeat(np.repeat(pair, scale, axis=0), scale, axis=1)
 
 
 def _to_uint8_image(image: Any) -> Any:

@@ -160,13 +160,23 @@ def mlflow_limits() -> dict[str, int]:
     return {name: int(getattr(validation, name, default)) for name, default in _LIMITS.items()}
 
 
+# MLflow 3's UI opens an experiment in the view its kind names; without it, it guesses (and
+# shows runs without traces in its GenAI view). These runs are model training and evaluation.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+
+
 def experiment_id(client: MlflowClient, experiment: str, location: str) -> str:
     """Get or create ``experiment`` (restoring it if deleted); caller holds the store lock."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        return client.create_experiment(experiment, artifact_location=location)
+        return client.create_experiment(
+            experiment, artifact_location=location, tags={EXPERIMENT_KIND: MODEL_TRAINING}
+        )
     if found.lifecycle_stage == "deleted":
         client.restore_experiment(found.experiment_id)
+    if found.tags.get(EXPERIMENT_KIND) != MODEL_TRAINING:  # a store made before the tag
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
     return found.experiment_id
 
 
@@ -179,11 +189,16 @@ def write_run(
     exp_id = experiment_id(client, run.experiment, location)
     for old in _runs_with_key(client, exp_id, run.job_key, ViewType.ACTIVE_ONLY):
         client.delete_run(old)
-    created = client.create_run(exp_id, run_name=run.run_name, tags={JOB_KEY_TAG: run.job_key})
+    created = client.create_run(
+        exp_id,
+        run_name=run.run_name,
+        tags={JOB_KEY_TAG: run.job_key},
+        start_time=run.start_time,  # the job's, not this write's (a deferred run is written late)
+    )
     run_id = created.info.run_id
     errors = list(run.errors)
     try:
-        now = int(time.time() * 1000)
+        now = run.end_time or int(time.time() * 1000)
         metrics = [Metric(k, v, now, s) for k, v, s in payload.metrics]
         params = [Param(k, v) for k, v in payload.params.items()]
         n_pt, n_m = limits["MAX_PARAMS_TAGS_PER_BATCH"], limits["MAX_METRICS_PER_BATCH"]
@@ -207,7 +222,7 @@ def write_run(
             warn(f"MLflow run {run.run_name!r} ({run.job_key}) is incomplete: {'; '.join(errors)}")
         for chunk in _chunks([RunTag(k, v) for k, v in tags.items()], n_pt):
             client.log_batch(run_id, tags=chunk)
-        client.set_terminated(run_id, status=run.status)
+        client.set_terminated(run_id, status=run.status, end_time=run.end_time)
     except BaseException:
         # The job_key tag is already set, so the next attempt (a retry or a rerun) deletes this
         # partial run; meanwhile it is visibly FAILED rather than looking complete.

@@ -40,7 +40,7 @@ def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) ->
     from snakemake.exceptions import WorkflowError
 
     from gradinv import config_guard
-    from gradinv.config import validate
+    from gradinv.config import project_root, validate
     from gradinv.config_files import read_config_file
     from gradinv.settings import ConfigError
 
@@ -55,7 +55,11 @@ def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) ->
     try:
         for path in configfiles:
             read_config_file(path)
-        return validate(config, source="params.yaml (with any --configfile overlays)")
+        return validate(
+            config,
+            source="params.yaml (with any --configfile overlays)",
+            checked=project_root() / ".snakemake" / "gradinv-checked",
+        )
     except ConfigError as err:
         raise WorkflowError(f"gradinv: {err}") from None
 

@@ -103,3 +103,34 @@ def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
     } & {t for t in tables if not is_utility(t)}
     files = [result_file(t) for t in tables] + [training_file(t) for t in seeded]
     return sorted(str(f) for f in files)
+
+
+# Where a result sits in the browsable report (``snakemake --report``): a category per paper,
+# in the order the papers are reproduced, then the studies across papers.
+PAPERS = {
+    "refiner_": "Refiner (USENIX Security 2025)",
+    "cvb_": "CVB: Convolutional Variational Bottlenecks",
+    "dcs2_": "DCS²: Concealing Sensitive Samples",
+}
+CENSOR = "CENSOR (NDSS 2025)"
+ACROSS = "Across papers: utility, frontier, claims"
+NOT_PAPER = ("frontier_runs", "data_centric")  # tables of this project's own, no paper's
+
+
+def report_category(table: str) -> str:
+    """The report's category of ``table``: its paper, or the studies across papers."""
+    if table in NOT_PAPER:
+        return ACROSS
+    return next((paper for prefix, paper in PAPERS.items() if table.startswith(prefix)), CENSOR)
+
+
+def report_subcategory(config: dict[str, Any], table: str) -> str:
+    """The report's subcategory of ``table``: what its title names before the colon, with the
+    paper's name left out (``Table I``), or the table's name."""
+    title = str(config["tables"].get(table, {}).get("title", table))
+    head = title.split(":")[0]
+    short = head
+    for paper in (CENSOR, "Refiner (USENIX Security 2025)", "CVB", "DCS²"):
+        short = short.replace(paper, "")
+    short = short.strip()
+    return short if short.startswith(("Table", "Figure", "Section")) else head.strip() or table

@@ -48,11 +48,13 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import gradinv
 from gradinv import mlflow_store as store
 from gradinv.mlflow_run import JOB_KEY_TAG, Run
 from gradinv.mlflow_store import TrackingWarning
@@ -65,6 +67,7 @@ __all__ = [
     "init_store",
     "log_run",
     "mlflow_ui_command",
+    "mlflow_ui_url",
     "pending_dir",
     "provenance",
     "tracking_enabled",
@@ -131,6 +134,13 @@ def pending_dir(project_root: Path) -> Path:
 def mlflow_ui_command(project_root: Path) -> str:
     """The exact command that browses this project's runs (for the documentation)."""
     return f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri(project_root))} --port 5000"
+
+
+def mlflow_ui_url(port: int = 5000, experiment_id: str | None = None) -> str:
+    """Where to point a browser: the experiment (or the list) in MLflow's model-training view
+    (MLflow 3 opens its GenAI view unless the address asks for another)."""
+    where = f"experiments/{experiment_id}" if experiment_id else "experiments"
+    return f"http://127.0.0.1:{port}/#/{where}?workflowType=machine_learning"
 
 
 def tracking_enabled(enabled: bool = True) -> bool:
@@ -237,6 +247,7 @@ def log_run(
     project_root: Path,
     enabled: bool = True,
     defer: bool = False,
+    started: float | None = None,
 ) -> str | None:
     """Mirror one finished job as one MLflow run; return its id, or None if not tracked.
 
@@ -255,6 +266,8 @@ def log_run(
     ``images`` are arrays/tensors (H,W,C), (C,H,W) or (H,W) in [0, 1], saved as PNG under
     ``images/``; ``artifacts`` map a folder name inside the run to a local file or folder.
     Provenance (:func:`provenance`) is added as ``gradinv.*`` tags unless ``tags`` override it.
+    The run starts when the job did (``started``, seconds since the epoch; by default when this
+    process imported gradinv) and ends now, whenever it is written (deferred or not).
 
     Never raises: any failure becomes a :class:`TrackingWarning` and the return value None.
     Problems with single items (an unreadable image, a missing artifact) are warned about and
@@ -277,6 +290,8 @@ def log_run(
         artifacts=artifacts or {},
         images=images or {},
         status=status,
+        start_time=gradinv.STARTED if started is None else started,
+        end_time=time.time(),
     )
     if defer:
         return _defer(run, project_root)

@@ -12,6 +12,14 @@ rule claims:
     output:
         csv="results/claims.csv",
         markdown="results/claims.md",
+        summary="results/claims_summary.json",
+        page=report(
+            "results/claims.html",
+            caption="../report/claims.rst",
+            category=ACROSS,
+            subcategory="Claims",
+            labels={"result": "verdicts"},
+        ),
     params:
         settings=lambda w: job_settings(config, "claims"),
     conda:

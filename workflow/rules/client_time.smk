@@ -36,6 +36,13 @@ if "client_time" in config:
         output:
             csv="results/refiner_table4_time.csv",
             markdown="results/refiner_table4_time.md",
+            page=report(
+                "results/refiner_table4_time.html",
+                caption="../report/client_time.rst",
+                category=PAPERS["refiner_"],
+                subcategory="Table 4",
+                labels={"result": "table"},
+            ),
             vs_paper="results/refiner_table4_time_vs_paper.csv",
         params:
             settings=lambda w: job_settings(config, "client_time_report"),

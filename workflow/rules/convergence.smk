@@ -79,10 +79,29 @@ rule report_convergence:
         official=official_loop_runs(),
     output:
         csv="results/convergence.csv",
-        accuracy="results/fig7_accuracy.png",
-        loss="results/fig8_loss.png",
+        accuracy=report(
+            "results/fig7_accuracy.png",
+            caption="../report/convergence.rst",
+            category=CENSOR,
+            subcategory="Figures 7-8 and Table VI",
+            labels={"result": "Fig. 7: accuracy"},
+        ),
+        loss=report(
+            "results/fig8_loss.png",
+            caption="../report/convergence.rst",
+            category=CENSOR,
+            subcategory="Figures 7-8 and Table VI",
+            labels={"result": "Fig. 8: loss"},
+        ),
         clients="results/table6_clients.csv",
         markdown="results/table6_clients.md",
+        page=report(
+            "results/table6_clients.html",
+            caption="../report/table6.rst",
+            category=CENSOR,
+            subcategory="Figures 7-8 and Table VI",
+            labels={"result": "Table VI"},
+        ),
         vs_paper="results/table6_clients_vs_paper.csv",
     params:
         settings=lambda w: job_settings(config, "convergence_report"),

@@ -11,8 +11,28 @@ rule report:
         cells="results/{table}_cells.csv",
         victims_values="results/{table}_victims.csv",  # the claims pair these, victim by victim
         training="results/{table}_training.csv",  # and these (accuracy, PMM), seed by seed
-        figure="results/figures/{table}.png",
-        grid="results/figures/{table}_grid.png",
+        headline="results/{table}_headline.json",  # `dvc metrics show`
+        figure=report(
+            "results/figures/{table}.png",
+            caption="../report/figure.rst",
+            category=lambda w: report_category(w.table),
+            subcategory=lambda w: report_subcategory(config, w.table),
+            labels={"result": "figure"},
+        ),
+        grid=report(
+            "results/figures/{table}_grid.png",
+            caption="../report/grid.rst",
+            category=lambda w: report_category(w.table),
+            subcategory=lambda w: report_subcategory(config, w.table),
+            labels={"result": "reconstructions"},
+        ),
+        page=report(  # the table, its figure and the paper's numbers beside ours
+            "results/{table}.html",
+            caption="../report/table.rst",
+            category=lambda w: report_category(w.table),
+            subcategory=lambda w: report_subcategory(config, w.table),
+            labels={"result": "table"},
+        ),
     params:
         settings=lambda w: job_settings(config, "table", table=w.table),
     conda:
@@ -34,7 +54,13 @@ if "fig10_public" in config["tables"]:
             metrics=table_score_files(config, "fig10_public"),
             data=expand("data/prepared/{d}.pt", d=config["tables"]["fig10_public"]["datasets"]),
         output:
-            figure="results/fig10_public.png",
+            figure=report(
+                "results/fig10_public.png",
+                caption="../report/fig10_public.rst",
+                category=CENSOR,
+                subcategory="Figure 10",
+                labels={"result": "reconstructions"},
+            ),
             drift="results/fig10_public_drift.csv",
         params:
             settings=lambda w: job_settings(config, "public_report"),
@@ -56,7 +82,13 @@ if "frontier_runs" in config["tables"]:
             "results/frontier_runs_cells.csv",
         output:
             csv="results/frontier.csv",
-            figure="results/frontier.png",
+            figure=report(
+                "results/frontier.png",
+                caption="../report/frontier.rst",
+                category=ACROSS,
+                subcategory="Utility against privacy",
+                labels={"result": "frontier"},
+            ),
         params:
             settings=lambda w: job_settings(config, "frontier"),
         conda:

@@ -46,6 +46,13 @@ rule report_utility:
         csv="results/utility.csv",
         runs="results/utility_runs.csv",
         markdown="results/utility.md",
+        page=report(
+            "results/utility.html",
+            caption="../report/utility.rst",
+            category=ACROSS,
+            subcategory="Utility",
+            labels={"result": "common recipe"},
+        ),
     params:
         settings=lambda w: job_settings(config, "utility_report"),
     conda:
@@ -64,6 +71,13 @@ rule report_utility_recipe:
         csv="results/utility_{recipe}.csv",
         runs="results/utility_{recipe}_runs.csv",
         markdown="results/utility_{recipe}.md",
+        page=report(
+            "results/utility_{recipe}.html",
+            caption="../report/utility.rst",
+            category=ACROSS,
+            subcategory="Utility",
+            labels=lambda w: {"result": f"{w.recipe}'s recipe"},
+        ),
     wildcard_constraints:
         recipe="|".join(RECIPES) or "(?!)",
     params:

@@ -82,7 +82,7 @@ class MatchSettings:
     eot_combine: Combine = "average-gradient"
 
 
-STOCHASTIC = "@stochastic"  # the layer pattern of the "Ignore" attack (MatchSettings)
+from gradinv.methods import STOCHASTIC  # noqa: E402  the "Ignore" attack's layer pattern
 
 
 @dataclass

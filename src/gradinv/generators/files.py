@@ -30,6 +30,7 @@ from urllib.error import URLError
 from gradinv.generators import GENERATORS
 from gradinv.generators.base import Generator, WeightsError, verified_weights
 from gradinv.io import atomic_path, load_tensors, save_tensors, sha256_file, snakemake_command
+from gradinv.paths import GENERATORS as GENERATORS_ROOT
 from gradinv.settings import from_mapping
 
 COMMON_KEYS = (
@@ -43,7 +44,7 @@ COMMON_KEYS = (
     "source",
     "attack_settings",
 )
-ROOT = Path("data") / "generators"
+ROOT = GENERATORS_ROOT
 
 
 def own_settings(name: str, block: dict[str, Any]) -> Any:
@@ -51,13 +52,6 @@ def own_settings(name: str, block: dict[str, Any]) -> Any:
     cls = GENERATORS.get(block["kind"])
     values = {k: v for k, v in block.items() if k not in COMMON_KEYS}
     return from_mapping(cls.Settings, values, where=f"generators.{name}")
-
-
-def generator_path(name: str, block: dict[str, Any], dataset: str) -> str:
-    """Where the generator ``name`` that serves ``dataset`` lives (see the module doc)."""
-    if GENERATORS.get(block["kind"]).trainable:
-        return str(ROOT / name / f"{dataset}.pt")
-    return str(ROOT / name / "weights.pt")
 
 
 def save_trained(path: Path, name: str, kind: str, model: Generator, **record: Any) -> None:

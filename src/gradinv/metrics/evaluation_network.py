@@ -64,13 +64,14 @@ from gradinv.io import (
     snakemake_command,
 )
 from gradinv.metrics.base import MetricSettings
+from gradinv.paths import EVALUATION_NETWORKS, evaluation_network_path
 from gradinv.progress import Progress
 from gradinv.settings import bounded
 
 log = logging.getLogger(__name__)
 
 KIND = "refiner_evaluation_network"
-ROOT = Path("data") / "evalnet"
+ROOT = EVALUATION_NETWORKS
 # Refiner's Appendix N: at a predicted ratio of 0.4 people no longer see the private image.
 PRIVACY_THRESHOLD = 0.4
 # Images per forward pass when scoring or calibrating: bounds memory, not results.
@@ -270,11 +271,6 @@ def calibration(
 
 
 # ------------------------------------------------------------------------------------- files
-
-
-def evaluation_network_path(dataset: str) -> str:
-    """Where the pipeline writes the network of ``dataset`` (rule ``train_evalnet``)."""
-    return str(ROOT / f"{dataset}.pt")
 
 
 def resolve_evaluation_network(settings: MetricSettings, dataset: str) -> MetricSettings:

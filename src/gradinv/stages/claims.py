@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,17 @@ from gradinv.claims import (
     result_file,
     training_file,
 )
-from gradinv.io import atomic_path
+from gradinv.claims.verdicts import VERDICTS
+from gradinv.io import atomic_path, write_text
 from gradinv.stages.common import project_path
+from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv
 
 
 def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir: Path) -> None:
-    """Write ``claims.csv`` and ``claims.md``; a claim on a table this run does not build is
-    reported as not evaluated, never dropped."""
+    """Write ``claims.csv``, ``claims.md``, ``claims.html`` (the report's page) and
+    ``claims_summary.json`` (the count of each verdict, for `dvc metrics show`); a claim on
+    a table this run does not build is reported as not evaluated, never dropped."""
     claims = load_claims(claims_file)
     built = {c.check.table for c in claims} & set(settings["tables"])
     files = {table: result_file(table, results_dir) for table in built}
@@ -52,5 +56,10 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
     }
     table = evaluate(claims, results, settings["scale"], published, missing, undefended, training)
     write_csv(table, out_dir / "claims.csv")
+    text = markdown(table, settings["scale"])
     with atomic_path(out_dir / "claims.md") as tmp:
-        tmp.write_text(markdown(table, settings["scale"]), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
+    write_markdown_page(out_dir / "claims.html", title="The papers' claims", markdown_text=text)
+    counts = table["verdict"].value_counts()
+    summary = {verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}
+    write_text(out_dir / "claims_summary.json", json.dumps(summary, indent=1) + "\n")

@@ -35,6 +35,7 @@ from gradinv.stages.common import (
     training_client,
     update_lr,
 )
+from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv
 
 
@@ -138,6 +139,11 @@ def report(settings: dict[str, Any], files: list[Path], out_dir: Path) -> None:
     ]
     with atomic_path(out_dir / "refiner_table4_time.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
+    write_markdown_page(
+        out_dir / "refiner_table4_time.html",
+        title="Refiner Table 4: the client's time",
+        markdown_text="\n".join(lines),
+    )
 
 
 def _vs_paper(

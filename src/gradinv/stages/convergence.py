@@ -21,6 +21,7 @@ from gradinv.io import atomic_path, read_json
 from gradinv.stages.common import project_path
 from gradinv.stages.utility import defense_rates, final_accuracy
 from gradinv.tables.figures import curve_figure, figure_caption
+from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv
 
 CURVE_COLUMNS = (
@@ -81,6 +82,7 @@ def run(
     text += _official_markdown(loop_runs, conv, labels)
     with atomic_path(out_dir / "table6_clients.md") as tmp:
         tmp.write_text(text, encoding="utf-8")
+    write_markdown_page(out_dir / "table6_clients.html", title=title, markdown_text=text)
 
 
 def _k(summary: dict[str, Any]) -> int:

@@ -85,7 +85,7 @@ def run(
             GridEntry(
                 dataset=first.dataset,
                 defense_label=label,
-                attack_label="",
+                attack_label="nearest public image",  # a column of its own
                 victim=victim,
                 original=first.original,
                 reconstruction=image,

@@ -16,6 +16,7 @@ from typing import Any
 from gradinv.io import load_tensors, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
 from gradinv.metrics.evaluation_network import resolve_evaluation_network, weights_digest
+from gradinv.mlflow_run import side_by_side
 from gradinv.settings import from_mapping
 from gradinv.stages.common import project_path, record, setup, victim_runs
 
@@ -211,14 +212,22 @@ def _track(
         if k.startswith("loss")
     }
     images = {}
-    if rec["status"] == "ok":
+    if rec["status"] == "ok":  # one picture per image: the original | the reconstruction
         for i in range(len(secret["images"])):
-            images[f"victim{row['victim']}_{i}_original"] = secret["images"][i]
-            images[f"victim{row['victim']}_{i}_reconstruction"] = rec["images"][i]
+            images[f"victim{row['victim']}_{i}_original_vs_reconstruction"] = side_by_side(
+                secret["images"][i], rec["images"][i]
+            )
+    unavailable = {  # a metric asked for that could not be computed, and why (LPIPS' weights)
+        name: status
+        for name in METRICS
+        if METRICS.get(name).reports_status
+        and (status := row.get(f"{name}_status")) not in (None, "ok", "not requested")
+    }
+    where = f"{row['dataset']} {row['model']}, round {row['round']}, batch {row['batch_size']}"
     log_job(
         settings,
         kind="attack",
-        run_name=f"attack {key}",
+        run_name=f"{row['defense']} × {row['attack']}, victim {row['victim']} ({where})",
         job_key=f"attack/{key}",
         params={
             "attack": settings["attack"],
@@ -235,6 +244,7 @@ def _track(
         history=history,
         summary=row,
         images=images,
+        unavailable=unavailable,
     )
 
 

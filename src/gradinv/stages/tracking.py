@@ -51,7 +51,10 @@ def log_job(
     summary: dict[str, Any],
     images: dict[str, Any] | None = None,
     artifacts: dict[str, Path] | None = None,
+    unavailable: dict[str, str] | None = None,
 ) -> str | None:
+    """Log one finished job's run. ``unavailable`` names each metric the job could not compute
+    and why (LPIPS without its weights): a tag, and the run's description in the UI."""
     from gradinv.tracking import log_run, tracking_enabled
 
     experiment, enabled = tracking_target()
@@ -65,6 +68,10 @@ def log_job(
     }
     if summary.get("failure"):
         tags["gradinv.failure"] = str(summary["failure"])[:5000]
+    if unavailable:
+        said = "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        tags["gradinv.unavailable_metrics"] = said[:5000]
+        tags["mlflow.note.content"] = f"Unavailable metrics (not logged, never faked): {said}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_id = log_run(

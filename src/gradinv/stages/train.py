@@ -186,7 +186,8 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
     log_job(
         settings,
         kind="train",
-        run_name=f"train {key}",
+        run_name=f"train {summary['defense']} ({summary['dataset']} {summary['model']}"
+        + (f", {settings['study']})" if settings.get("study") else ")"),
         job_key=f"train/{key}",
         params={
             "fl": settings["fl"],

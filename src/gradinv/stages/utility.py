@@ -32,6 +32,7 @@ import pandas as pd
 
 from gradinv.io import atomic_path, read_json
 from gradinv.stats import mean_over_seeds, paired_seeds
+from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv
 
 RUN_COLUMNS = (
@@ -87,8 +88,10 @@ def run(
     table = utility_table(runs, settings)
     write_csv(per_run, out_dir / f"{name}_runs.csv")
     write_csv(table, out_dir / f"{name}.csv")
+    text = _markdown(table, runs, settings)
     with atomic_path(out_dir / f"{name}.md") as tmp:
-        tmp.write_text(_markdown(table, runs, settings), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
+    write_markdown_page(out_dir / f"{name}.html", title=name, markdown_text=text)
 
 
 def run_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.DataFrame:

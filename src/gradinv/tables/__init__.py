@@ -7,20 +7,39 @@ the runs for browsing and is never the source of a table.
 tables can be assembled from them; see README.md in this folder.
 """
 
-from gradinv.tables.aggregate import (
-    METRICS,
-    MetricSpec,
-    TableError,
-    long_table,
-    metric_header,
-    paper_table,
-    widen,
-)
-from gradinv.tables.compare import COMPARISON_COLUMNS, read_reference, vs_paper
-from gradinv.tables.figures import table_figure
-from gradinv.tables.files import DEFAULT_METRICS, MetricsFileError, collect
-from gradinv.tables.grid import GridEntry, reconstruction_grid
-from gradinv.tables.render import render_table, write_csv
+import importlib
+from typing import Any
+
+# Each public name and the module it lives in, imported when first used (PEP 562): the
+# workflow's job graph reads a few helpers of this package, and must not pay for the figures'
+# plotting libraries.
+_WHERE = {
+    "METRICS": "aggregate",
+    "MetricSpec": "aggregate",
+    "TableError": "aggregate",
+    "long_table": "aggregate",
+    "metric_header": "aggregate",
+    "paper_table": "aggregate",
+    "widen": "aggregate",
+    "COMPARISON_COLUMNS": "compare",
+    "read_reference": "compare",
+    "vs_paper": "compare",
+    "table_figure": "figures",
+    "DEFAULT_METRICS": "files",
+    "MetricsFileError": "files",
+    "collect": "files",
+    "GridEntry": "grid",
+    "reconstruction_grid": "grid",
+    "render_table": "render",
+    "write_csv": "render",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "COMPARISON_COLUMNS",

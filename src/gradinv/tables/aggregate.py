@@ -55,12 +55,13 @@ class MetricSpec:
     # Its value for an exact reconstruction where that is not finite: the image metric's
     # ``best`` (gradinv.metrics; not imported here, which would load torch for every table).
     exact: float | None = None
+    unit: str = ""  # printed on a figure's axis: "dB"
 
 
 METRICS: dict[str, MetricSpec] = {
     "mse": MetricSpec("MSE", "↑", 4),
     "lpips": MetricSpec("LPIPS", "↑", 4),
-    "psnr": MetricSpec("PSNR", "↓", 3, exact=math.inf),
+    "psnr": MetricSpec("PSNR", "↓", 3, exact=math.inf, unit="dB"),
     "ssim": MetricSpec("SSIM", "↓", 4),
     "noise_ratio": MetricSpec("NoiseRatio", "↑", 3),
     "label_accuracy": MetricSpec("LabelAcc", "↓", 3),
@@ -120,6 +121,15 @@ def metric_header(metric: str) -> str:
     """``MSE↑``: the paper's column name with its arrow."""
     spec = metric_spec(metric)
     return f"{spec.label}{spec.arrow}"
+
+
+def metric_axis_label(metric: str) -> str:
+    """A figure's axis for ``metric``: its name, unit and the direction better for the
+    defender, ``PSNR (dB) ↓\nlower: better for the defender``."""
+    spec = metric_spec(metric)
+    unit = f" ({spec.unit})" if spec.unit else ""
+    better = "higher" if spec.arrow == "↑" else "lower"
+    return f"{spec.label}{unit} {spec.arrow}\n{better}: better for the defender"
 
 
 def _unique(values: pd.Series, what: str) -> Any:

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import textwrap
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,9 +24,10 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from gradinv.io import atomic_path
-from gradinv.tables.aggregate import TableError, metric_header
+from gradinv.tables.aggregate import TableError, metric_axis_label, metric_header
 
 DPI = 100
 PNG_METADATA: dict[str, Any] = {"Software": None}
@@ -40,11 +42,27 @@ def figure_caption(title: str, scale: str, details: str) -> str:
 
 
 def save_figure(fig: Figure, out_path: str | os.PathLike[str], caption: str) -> None:
-    """Write ``fig`` as a PNG with ``caption`` under it and as its ``Title``, atomically."""
+    """Write ``fig`` as a PNG with ``caption`` under it and as its ``Title``, atomically.
+
+    The caption goes below everything already drawn (rotated tick labels, axis labels), so it
+    never covers them. Text boxes that overlap are reported (:func:`text_overlaps`): a warning,
+    or an error with ``GRADINV_FIGURE_CHECK=strict`` (what the tests set).
+    """
+    canvas = FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    drawn = fig.get_tightbbox(renderer)  # inches
+    height, width = fig.get_figheight(), max(fig.get_figwidth(), drawn.width)
     # about 14 characters of 7-point text to the inch; at least 60 to a line on a narrow figure
-    lines = textwrap.fill(caption, width=max(60, int(14 * fig.get_figwidth())))
-    fig.text(0.5, 0.0, lines, ha="center", va="top", fontsize=7)
-    FigureCanvasAgg(fig)
+    lines = textwrap.fill(caption, width=max(60, int(14 * width)))
+    fig.text(
+        (drawn.x0 + drawn.x1) / 2 / fig.get_figwidth(),
+        (drawn.y0 - 0.08) / height,
+        lines,
+        ha="center",
+        va="top",
+        fontsize=7,
+    )
+    _check_overlaps(fig, out_path)
     with atomic_path(out_path) as tmp:
         fig.savefig(
             tmp,
@@ -56,22 +74,74 @@ def save_figure(fig: Figure, out_path: str | os.PathLike[str], caption: str) -> 
         )
 
 
+def text_overlaps(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of visible, non-empty texts of ``fig`` whose boxes overlap as drawn (by more than
+    a pixel each way): titles, tick and axis labels, legends, notes, the caption."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes, hidden = [], _undrawn_tick_labels(fig)
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip() or id(text) in hidden:
+            continue
+        box = text.get_window_extent(renderer)
+        if box.width > 0 and box.height > 0:
+            boxes.append((text.get_text(), box.expanded(1, 1).padded(-1)))
+    return [
+        (a, b)
+        for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+        if box_a.overlaps(box_b)
+    ]
+
+
+def _undrawn_tick_labels(fig: Figure) -> set[int]:
+    """The ids of tick labels outside their axis's view: the axis keeps them but does not draw
+    them (and they do not know their axes, so they are found from the axes)."""
+    hidden = set()
+    for ax in fig.axes:
+        for index, (axis, limits) in enumerate(
+            ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
+        ):
+            low, high = sorted(limits)
+            slack = 1e-9 * (high - low)
+            for tick in (*axis.majorTicks, *axis.minorTicks):
+                for label in (tick.label1, tick.label2):
+                    if not low - slack <= label.get_position()[index] <= high + slack:
+                        hidden.add(id(label))
+    return hidden
+
+
+def _check_overlaps(fig: Figure, out_path: str | os.PathLike[str]) -> None:
+    found = text_overlaps(fig)
+    if not found:
+        return
+    pairs = "; ".join(f"{a!r} and {b!r}" for a, b in found[:5])
+    message = f"{out_path}: {len(found)} pair(s) of overlapping text: {pairs}"
+    if os.environ.get("GRADINV_FIGURE_CHECK", "").strip().lower() == "strict":
+        raise TableError(message)
+    warnings.warn(message, stacklevel=3)
+
+
 def _say_why_empty(ax: Any, panel: pd.DataFrame) -> bool:
-    """Write the cells' note on a panel without any value; True if it had none."""
+    """Write the cells' note on a panel without any value; True if it had none.
+
+    The panel says what is missing in a few words (``LPIPS unavailable``); the whole reason, with
+    its fix, is in the table's Markdown."""
     if (~np.isnan(panel["mean"].to_numpy(dtype=float))).any():
         return False
     notes = [n for n in panel["note"] if n]
+    note = notes[0].split(":")[0].strip() if notes else "no values"
     ax.text(
         0.5,
-        0.6,
-        notes[0] if notes else "no values",
+        0.5,
+        textwrap.fill(f"{note}\n(see the table's notes)" if notes else note, width=28),
         transform=ax.transAxes,
         ha="center",
         va="center",
-        wrap=True,
-        fontsize=7,
-        color="firebrick",
+        fontsize=8,
+        color="dimgray",
     )
+    ax.set_yticks([])
     return True
 
 
@@ -102,7 +172,7 @@ def table_figure(
     colors = sns.color_palette("colorblind", len(attacks))
     width = 0.8 / max(len(attacks), 1)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
-        fig = Figure(figsize=(3.2 * len(metrics), 2.6 * len(facets) + 0.8))
+        fig = Figure(figsize=(3.2 * len(metrics), 3.6 * len(facets) + 0.8))
         axes = fig.subplots(len(facets), len(metrics), squeeze=False)
         for (i, facet), (j, metric) in itertools.product(enumerate(facets), enumerate(metrics)):
             ax = axes[i][j]
@@ -157,9 +227,11 @@ def table_figure(
                             color="firebrick",
                             transform=ax.get_xaxis_transform(),
                         )
-            if _say_why_empty(ax, panel):
-                ax.set_yticks([])
-            ax.set_xticks(np.arange(len(xs)), xs, rotation=30, ha="right")
+            if not _say_why_empty(ax, panel):
+                ax.set_ylabel(metric_axis_label(metric), fontsize=8)
+            ax.set_xticks(np.arange(len(xs)), xs, rotation=90)  # upright: boxes never overlap
+            if i == len(facets) - 1:
+                ax.set_xlabel(x_col)
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=len(attacks), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
@@ -217,7 +289,8 @@ def sweep_figure(
                     alpha=0.2,
                     lw=0,
                 )
-            _say_why_empty(ax, panel)
+            if not _say_why_empty(ax, panel):
+                ax.set_ylabel(metric_axis_label(metric), fontsize=8)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=min(len(lines), 4), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
@@ -304,6 +377,7 @@ def draw_tradeoff(
                 panel = panel.assign(note=f"no {x_label} for any point: see the table's notes")
             if _say_why_empty(ax, panel.assign(mean=drawn["y"])):
                 continue
+            ax.set_ylabel(metric_axis_label(metric), fontsize=8)
             for name, line in drawn.groupby("line", sort=False):
                 ax.plot(line["x"], line["y"], marker="o", color=colors[name], label=name)
         legend = {}

@@ -1,6 +1,6 @@
-"""A grid of reconstructions (CENSOR Fig. 6): the private images in the first row, then one row
-per defense and attack, one column per victim. Saved with its caption by
-:func:`gradinv.tables.figures.save_figure`.
+"""A grid of reconstructions (CENSOR Fig. 6): a row per defense, the private images in the
+first column, then a column per attack, the same victims side by side in every cell. Saved
+with its caption by :func:`gradinv.tables.figures.save_figure`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gradinv.tables.aggregate import TableError
-from gradinv.tables.figures import save_figure
+from gradinv.tables.figures import DPI, save_figure
 
 
 @dataclass(frozen=True)
@@ -52,69 +52,113 @@ def reconstruction_grid(
     entries: Sequence[GridEntry | Mapping[str, Any]],
     out_path: str | os.PathLike[str],
     caption: str,
+    *,
+    victims: int = 4,
 ) -> None:
-    """Originals in the first row, then one row per defense × attack; columns are victims.
+    """Rows: defenses; columns: the originals, then each attack; in every cell the first
+    ``victims`` victims side by side, drawn pixel for pixel (nearest neighbour, no smoothing).
 
-    Rows and columns follow the order of first appearance in ``entries``, so the caller decides
-    the layout. Two different originals for the same (dataset, victim) are an error: the grid
-    would otherwise compare a reconstruction against the wrong image. A non-finite
-    reconstruction (failed run) and a missing one are labelled in place, not left blank.
+    Rows, attacks and victims follow their order of first appearance in ``entries``, so the
+    caller decides the layout. Two different originals for the same (dataset, victim) are an
+    error: the grid would otherwise compare a reconstruction against the wrong image. A
+    non-finite reconstruction (failed run) and a missing one are labelled in place, not left
+    blank; a (defense, attack) that was not run at all is an empty cell.
     """
     items = [_as_entry(e) for e in entries]
     if not items:
         raise TableError("reconstruction_grid: no entries given.")
-    columns = list(dict.fromkeys((e.dataset, e.victim) for e in items))
-    row_keys = list(dict.fromkeys((e.defense_label, e.attack_label) for e in items))
+    rows = list(dict.fromkeys((e.dataset, e.defense_label) for e in items))
+    attacks = list(dict.fromkeys(e.attack_label for e in items))
+    shown: dict[str, list[int]] = {}
+    for e in items:
+        if e.victim not in shown.setdefault(e.dataset, []) and len(shown[e.dataset]) < victims:
+            shown[e.dataset].append(e.victim)
+    width = max(len(v) for v in shown.values())
     originals: dict[tuple[str, int], np.ndarray | None] = {}
-    cells: dict[tuple[tuple[str, str], tuple[str, int]], np.ndarray | None] = {}
+    cells: dict[tuple[str, str, str, int], np.ndarray | None] = {}
+    side = 0
     for e in items:
         col = (e.dataset, e.victim)
         original = _image(e.original, f"original of {col}")
         if col in originals and not _same(originals[col], original):
             raise TableError(f"reconstruction_grid: two different originals for {col}.")
         originals[col] = original
-        cells[((e.defense_label, e.attack_label), col)] = _image(
+        side = max(side, 0 if original is None else original.shape[0])
+        cells[(e.dataset, e.defense_label, e.attack_label, e.victim)] = _image(
             e.reconstruction, f"reconstruction of {e.defense_label}/{e.attack_label}/{col}"
         )
-    size = 1.4
-    fig = Figure(figsize=(size * len(columns) + 1.6, size * (len(row_keys) + 1) + 0.3))
-    axes = fig.subplots(len(row_keys) + 1, len(columns), squeeze=False)
-    grid_rows = [("Original", originals)] + [
-        (f"{rk[0]}\n{rk[1]}", {c: cells.get((rk, c), "missing") for c in columns})
-        for rk in row_keys
-    ]
-    for i, (row_label, images) in enumerate(grid_rows):
-        for j, col in enumerate(columns):
-            ax = axes[i][j]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            image = images.get(col, "missing")
-            if isinstance(image, np.ndarray):
-                ax.imshow(
-                    image,
-                    cmap="gray" if image.ndim == 2 else None,
-                    vmin=0,
-                    vmax=1,
-                    interpolation="nearest",
-                )
-            else:
-                text = "missing" if isinstance(image, str) else "non-finite"
-                ax.text(
-                    0.5,
-                    0.5,
-                    text,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    transform=ax.transAxes,
-                    color="firebrick",
-                )
-            if i == 0:
-                ax.set_title(f"{col[0]}\nvictim {col[1]}", fontsize=7)
-            if j == 0:
-                ax.set_ylabel(row_label, fontsize=7, rotation=0, ha="right", va="center")
-    fig.tight_layout()
+    ran = {(d, row, a) for d, row, a, _ in cells}
+    # a tile of at least 0.64 inch: a 32x32 image at two screen pixels per pixel
+    tile = max(0.64, side / DPI)
+    groups = ["Original", *attacks]
+    ratios = [r for g in range(len(groups)) for r in ([0.25] if g else []) + [1.0] * width]
+    gaps = 0.08  # between tiles, as a fraction of a tile
+    inner_w = tile * (sum(ratios) + gaps * (len(ratios) - 1))
+    inner_h = tile * (len(rows) + gaps * (len(rows) - 1))
+    margins = {"left": 1.8, "right": 0.1, "top": 0.35, "bottom": 0.3}  # inches: labels, titles
+    fig = Figure(
+        figsize=(inner_w + margins["left"] + margins["right"], inner_h + margins["top"] + 0.3)
+    )
+    width_in, height_in = fig.get_figwidth(), fig.get_figheight()
+    grid = fig.add_gridspec(
+        len(rows),
+        len(ratios),
+        width_ratios=ratios,
+        wspace=gaps,
+        hspace=gaps,
+        left=margins["left"] / width_in,
+        right=1 - margins["right"] / width_in,
+        top=1 - margins["top"] / height_in,
+        bottom=margins["bottom"] / height_in,
+    )
+    for i, (dataset, row) in enumerate(rows):
+        for g, group in enumerate(groups):
+            for k in range(width):
+                ax = fig.add_subplot(grid[i, g * (width + 1) + k])
+                ax.set_xticks([])
+                ax.set_yticks([])
+                victim = shown[dataset][k] if k < len(shown[dataset]) else None
+                if g == 0:
+                    image = originals.get((dataset, victim)) if victim is not None else None
+                    empty = victim is None
+                else:
+                    empty = victim is None or (dataset, row, group) not in ran
+                    image = cells.get((dataset, row, group, victim), "missing")
+                if empty:
+                    ax.axis("off")
+                else:
+                    _draw(ax, image)
+                if i == 0 and k == 0:
+                    ax.set_title(group or "—", fontsize=8, loc="left")
+                if i == len(rows) - 1 and victim is not None:
+                    ax.set_xlabel(f"victim {victim}", fontsize=6)
+                if g == 0 and k == 0:
+                    label = row if len(shown) == 1 else f"{dataset}\n{row}"
+                    ax.set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
     save_figure(fig, out_path, caption)
+
+
+def _draw(ax: Any, image: np.ndarray | str | None) -> None:
+    """An image pixel for pixel, or what stands in its place ("missing", "non-finite")."""
+    if isinstance(image, np.ndarray):
+        ax.imshow(
+            image,
+            cmap="gray" if image.ndim == 2 else None,
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",  # upscaled without smoothing: the pixels the attack made
+        )
+        return
+    ax.text(
+        0.5,
+        0.5,
+        "missing" if isinstance(image, str) else "non-\nfinite",
+        ha="center",
+        va="center",
+        fontsize=6,
+        transform=ax.transAxes,
+        color="firebrick",
+    )
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:

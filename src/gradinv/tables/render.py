@@ -8,6 +8,7 @@ files and the arguments alone, with fixed float formatting, so a rerun is byte-i
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from gradinv.io import atomic_path
+from gradinv.io import atomic_path, write_text
 from gradinv.tables.aggregate import TableError, long_table, widen
 from gradinv.tables.compare import empty_comparison, vs_paper
 from gradinv.tables.figures import figure_caption, sweep_figure, table_figure, tradeoff_figure
@@ -29,6 +30,7 @@ from gradinv.tables.files import (
     unavailable_column,
 )
 from gradinv.tables.floor import undefended_checks
+from gradinv.tables.html import write_table_page
 from gradinv.tables.markdown import render_markdown
 
 FLOAT_FORMAT = "%.6g"  # 6 significant digits: more than the paper prints, stable across reruns
@@ -163,6 +165,30 @@ def _provenance(df: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def headline(long: pd.DataFrame, comparison: pd.DataFrame) -> dict[str, float | int | None]:
+    """A table's headline numbers, the same keys for every table (``dvc metrics show`` lists
+    one line per table): its victims and failures; the strongest attack's PSNR without a defense
+    and under the defense that holds it lowest (the mean over victims of the attack whose mean
+    is highest, per defense); how many of the paper's numbers it compares with ours and how many
+    of them lie in our 95% interval. ``None`` where the table has no such value."""
+
+    def number(value: Any) -> float | None:
+        return float(value) if value is not None and math.isfinite(value) else None
+
+    psnr = long[(long["metric"] == "psnr") & long["mean"].notna()]
+    strongest = psnr.groupby("defense", sort=False)["mean"].max()  # per defense, over attacks
+    defended = strongest.drop("none", errors="ignore")
+    inside = comparison.get("paper_in_interval", pd.Series(dtype=object))
+    return {
+        "victims": int(long["n"].max()) if len(long) else 0,
+        "failed_runs": int(long.groupby(["defense", "attack"])["failed"].max().sum()),
+        "strongest_attack_psnr_no_defense": number(strongest.get("none")),
+        "strongest_attack_psnr_best_defense": number(defended.min()) if len(defended) else None,
+        "paper_numbers_compared": len(comparison),
+        "paper_numbers_in_our_interval": int(sum(str(v) == "True" for v in inside)),
+    }
+
+
 def render_table(
     name: str,
     metric_files: Sequence[str | os.PathLike[str]],
@@ -244,6 +270,8 @@ def render_table(
         "victims": out_dir / f"{name}_victims.csv",
         "training": out_dir / f"{name}_training.csv",
         "figure": out_dir / "figures" / f"{name}.png",
+        "html": out_dir / f"{name}.html",  # the report's page: table, figure, paper beside ours
+        "headline": out_dir / f"{name}_headline.json",  # what `dvc metrics show` lists
     }
     in_table = (
         df["attack"].isin(attacks) & df["defense"].isin(defenses) & df["dataset"].isin(datasets)
@@ -302,4 +330,14 @@ def render_table(
     )
     with atomic_path(paths["markdown"]) as tmp:
         tmp.write_text(text, encoding="utf-8")  # arrows and ±: never the locale's encoding
+    write_text(paths["headline"], json.dumps(headline(long, comparison), indent=1) + "\n")
+    write_table_page(
+        paths["html"],
+        title=title or name,
+        markdown_text=text,
+        figure=paths["figure"],
+        figure_caption=caption,
+        comparison=comparison,
+        reference_name=None if reference_csv is None else Path(reference_csv).name,
+    )
     return paths
