@@ -17,7 +17,9 @@ rounds. ``--mlflow`` adds the seconds until ``mlflow ui`` on the project's store
 
 Snakemake imports every installed executor plugin; the SLURM plugin asks ``scontrol show
 config`` at import, which waits about 9 s where a slurm.conf names a controller that is not
-running: that import is measured on its own line, so a machine in that state can tell.
+running (this machine after the SLURM tests): that import is measured on its own line, and the
+dry run once more with a ``scontrol`` that fails at once (a shim first on PATH), as on a machine
+without SLURM or with its controller up.
 """
 
 from __future__ import annotations
@@ -126,6 +128,13 @@ def main() -> None:
                     ENV,
                 ),
             }
+            # the same dry run where `scontrol` answers at once (a shim that fails), as on a
+            # machine without SLURM or with its controller up: what the SLURM probe costs
+            shim = tmp / "shim"
+            shim.mkdir()
+            (shim / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+            (shim / "scontrol").chmod(0o755)
+            no_probe = {**ENV, "PATH": f"{shim}:{ENV['PATH']}"}
             first: dict[str, float] = {}
             for name, (tree, env) in trees.items():
                 work = workflow_copy(tree, tmp / f"work-{name}")
@@ -139,6 +148,14 @@ def main() -> None:
                     "sys.argv = ['gradinv', '--help']; main()",
                 ]
                 commands[f"gradinv --help ({name})"] = (help_cmd, work, env)
+                if name == "now":
+                    commands[
+                        "snakemake -n results/table1.csv (now, scontrol answering at once)"
+                    ] = (
+                        dry,
+                        work,
+                        no_probe,
+                    )
             samples: dict[str, list[tuple[float, float]]] = {k: [] for k in commands}
             for _ in range(a.repeats):
                 for name, (cmd, cwd, env) in commands.items():
