@@ -447,3 +447,24 @@ def test_a_dry_run_imports_no_torch_once_the_configuration_was_checked(tmp_path)
     assert "gradinv.jobs" in imported  # the profile covers the workflow's own modules
     assert "torch" not in imported and "gradinv.attacks" not in imported
     assert "report" in again.stdout  # and the job graph is all there
+
+
+def test_prose_lives_in_the_notes_not_in_params_and_fills_every_block():
+    """params.yaml holds settings (what `dvc params diff` compares); the prose the results
+    print comes from workflow/notes.yaml, filled into each table, study and recipe at
+    validation; a block that gives its own (an overlay's table) keeps it."""
+    from gradinv.config import NOTE_KEYS, NOTES_PATH
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    blocks = [*raw["tables"].values(), *raw["recipes"].values()]
+    blocks += [raw[s] for s in ("convergence", "utility", "client_time")]
+    assert not [k for b in blocks for k in NOTE_KEYS if k in b]
+    config = load(ROOT / "params.yaml")
+    assert all(spec["scaled_down_note"].strip() for spec in config["tables"].values())
+    assert config["tables"]["fig9_trials"]["no_reference"].startswith("CENSOR's Fig. 9")
+    assert config["recipes"]["cvb"]["source"].startswith("the CVB code's")
+    assert config["convergence"]["scaled_down_note"].strip()
+    notes = yaml.safe_load(NOTES_PATH.read_text())
+    assert set(notes["tables"]) == set(config["tables"])  # a note for every shipped table
+    own = load(ROOT / "params.yaml", (ROOT / "workflow/configs/data_centric.yaml",))
+    assert own["tables"]["data_centric"]["scaled_down_note"].startswith("Refiner's paper")

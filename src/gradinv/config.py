@@ -263,6 +263,7 @@ def validate(
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration is not a mapping of params.yaml's keys")
+    with_notes(config)
     check_values(config, source)
     for section in ("defenses", "attacks"):
         if isinstance(config.get(section), dict):
@@ -285,6 +286,32 @@ def validate(
     check_combinations(config, source)
     if mark is not None:
         _remember(mark)
+    return config
+
+
+# The prose the results print (what a scaled-down run changed, why a table has no published
+# numbers, where a paper's training recipe comes from), kept out of params.yaml, whose values
+# are settings (`dvc params diff` lists them).
+NOTES_PATH = REPO_ROOT / "workflow" / "notes.yaml"
+NOTE_KEYS = ("scaled_down_note", "no_reference", "source")  # "source": a recipe's origin
+
+
+def with_notes(config: dict[str, Any]) -> dict[str, Any]:
+    """Fill, in place, each table's and study's notes from workflow/notes.yaml where the
+    configuration does not give them (an overlay's own table may carry its own)."""
+    notes = read_config_file(NOTES_PATH)
+    named = ("tables", "recipes")  # sections of named blocks; the others are one block each
+    blocks = [
+        (config.get(section, {}).get(name), entry)
+        for section in named
+        for name, entry in notes.get(section, {}).items()
+    ]
+    blocks += [(config.get(study), notes[study]) for study in notes if study not in named]
+    for block, entry in blocks:
+        if isinstance(block, dict):
+            for key in NOTE_KEYS:
+                if key in entry:
+                    block.setdefault(key, entry[key])
     return config
 
 
