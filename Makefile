@@ -37,7 +37,8 @@ all: env
 	$(BIN)/snakemake --cores $(CORES)
 
 # One browsable page of what the run built: every table, figure and the claims, by paper.
-# REPORT_TARGETS: the targets it covers (default: everything `all` builds that exists);
+# REPORT_TARGETS: the targets it covers, which must be built (default: all, after `make all`;
+# after `make table1`: REPORT_TARGETS=results/table1.csv);
 # CONFIG: an overlay (make report CONFIG=tests/configs/micro.yaml REPORT_TARGETS=results/table1.csv).
 REPORT_TARGETS ?= all
 report: env
