@@ -420,3 +420,5 @@ def test_an_attack_run_has_one_side_by_side_image_drawn_pixel_for_pixel():
     assert pair.shape == (32, (8 + 2 + 8) * 4, 3)
     assert (pair[:, :32] == 0).all() and (pair[:, 40:] == 128 / 255).all()
     assert (pair[:, 32:40] == 1).all()  # the white gap between them
+    grey = side_by_side(np.zeros((1, 8, 8)), np.ones((1, 8, 8)), scale=1)  # MNIST-like: grey
+    assert grey.shape == (8, 18, 3) and (grey[:, 10:] == 1).all()

@@ -196,13 +196,11 @@ def side_by_side(original: Any, reconstruction: Any, *, scale: int = 4) -> Any:
     as ``scale`` x ``scale`` (no smoothing: a 32x32 image stays readable in the UI), in [0, 1]."""
     import numpy as np
 
-    left, right = (
-        _to_uint8_image(i).astype(np.float64) / 255.0 for i in (original, reconstruction)
-    )
-    if left.ndim != right.ndim:  # one grey, one colour: both as colour
-        left, right = (
-            a if a.ndim == 3 else np.repeat(a[..., None], 3, axis=2) for a in (left, right)
-        )
+    def colour(image: Any) -> Any:  # (H, W, 3) in [0, 1]: a grey image drawn in colour
+        array = _to_uint8_image(image).astype(np.float64) / 255.0
+        return array[..., :3] if array.ndim == 3 else np.repeat(array[..., None], 3, axis=2)
+
+    left, right = colour(original), colour(reconstruction)
     gap = np.ones((left.shape[0], 2, 3))
     pair = np.concatenate([left, gap, right], axis=1)
     return np.repeat(np.repeat(pair, scale, axis=0), scale, axis=1)
