@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from services import apt_install
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 
@@ -26,15 +27,7 @@ def _chromium() -> str | None:
 
 
 def _install_chromium() -> str:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
-        check=True,
-        env=env,
-        timeout=900,
-        stdout=subprocess.DEVNULL,
-    )
+    apt_install("chromium")
     found = _chromium()
     assert found, "apt-get installed chromium, but no chromium on PATH"
     return found

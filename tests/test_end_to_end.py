@@ -5,13 +5,9 @@ Snakemake run that the tests below read (the jobs the two tables share run once)
 import csv
 import json
 import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +16,7 @@ import pytest
 from browser import browser_page, screenshot
 from gradinv.io import load_tensors
 from gradinv.tables.files import read_records
+from services import mlflow_server
 from test_workflow import snakemake, workflow_copy
 
 TINY = "tests/configs/tiny.yaml"
@@ -275,12 +272,6 @@ def test_the_report_shows_table_i_as_a_table_and_a_figure_in_a_browser(tiny_run)
             screenshot(page, Path(shots) / "report-table1-figure.png")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
     """The tiny run's MLflow store in the real UI (``mlflow server`` on it, headless Chromium):
@@ -309,39 +300,9 @@ def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
     run_id, experiment, name, _, _ = next(a for a in attacks if "censor × ig" in a[2])
     assert name.startswith("censor × ig, victim 0")
     image = "images/victim0_0_original_vs_reconstruction.png"
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        cwd=root,
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
     shots = os.environ.get("GRADINV_SCREENSHOTS")
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "mlflow server down"
-            time.sleep(1)
+    log = root / "mlflow-server.log"
+    with mlflow_server(f"sqlite:///{root / 'mlflow.db'}", log=log, cwd=root) as base:
         view = "?workflowType=machine_learning"
         with browser_page() as page:
             page.goto(f"{base}/#/experiments/{experiment}/runs/{run_id}{view}")
@@ -364,6 +325,3 @@ def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
             assert size == [(32 + 2 + 32) * 4, 32 * 4]  # original | reconstruction, 4x, sharp
             if shots:
                 screenshot(page, Path(shots) / "mlflow-attack-image.png")
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)

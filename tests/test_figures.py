@@ -19,11 +19,11 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from gradinv.tables import TableError, render_table
+from gradinv.tables import TableError
 from gradinv.tables.aggregate import metric_axis_label
 from gradinv.tables.figures import curve_figure, draw_tradeoff, save_figure, text_overlaps
 from gradinv.tables.grid import reconstruction_grid
-from test_tables import NOTE, REFERENCE, SETTING, run, write
+from test_tables import render_records, run
 
 DEFENSES = ["none", "noise", "clipping", "sparsification", "soteria", "censor", "censor_raw"]
 ATTACKS = ["ig", "gi", "ggl", "gias", "gifd"]
@@ -79,17 +79,8 @@ def records(defenses, attacks, victims, *, lpips=True):
     ids=["one-cell", "small", "table-i"],
 )
 def test_a_table_figure_has_no_overlapping_text_at_any_size(tmp_path, defenses, attacks, victims):
-    paths = render_table(
-        "table1",
-        write(tmp_path, records(defenses, attacks, victims, lpips=False)),
-        tmp_path / "out",
-        attacks=attacks,
-        defenses=defenses,
-        datasets=["patches"],
-        setting=SETTING,
-        scaled_down_note=NOTE,
-        reference_csv=REFERENCE,
-    )  # strict: an overlap would have raised
+    rows = records(defenses, attacks, victims, lpips=False)
+    paths = render_records(tmp_path, rows, tmp_path / "out")  # strict: an overlap would raise
     with Image.open(paths["figure"]) as img:
         assert img.format == "PNG" and img.width > 300
 
@@ -116,17 +107,7 @@ def test_an_unavailable_metric_is_a_short_note_in_its_panel_not_the_error(tmp_pa
         real(fig, out, caption)
 
     monkeypatch.setattr(figures, "save_figure", keep)
-    render_table(
-        "table1",
-        write(tmp_path, records(DEFENSES[:2], ATTACKS[:1], 2, lpips=False)),
-        tmp_path / "out",
-        attacks=ATTACKS[:1],
-        defenses=DEFENSES[:2],
-        datasets=["patches"],
-        setting=SETTING,
-        scaled_down_note=NOTE,
-        reference_csv=REFERENCE,
-    )
+    render_records(tmp_path, records(DEFENSES[:2], ATTACKS[:1], 2, lpips=False), tmp_path / "out")
     texts = [t.get_text() for t in drawn["fig"].findobj(lambda a: hasattr(a, "get_text"))]
     panel = [t for t in texts if t.startswith("LPIPS unavailable")]
     assert panel and all("vgg16" not in t and len(t) < 60 for t in panel)
@@ -210,16 +191,10 @@ def test_curves_and_tradeoffs_have_no_overlapping_text(tmp_path):
 
 def test_a_tables_page_holds_the_table_its_figure_and_the_papers_numbers(tmp_path):
     cifar = {"dataset": "cifar10", "dataset_label": "CIFAR-10", "paper_dataset": "CIFAR-10"}
-    paths = render_table(
-        "table1",
-        write(tmp_path, [r | cifar for r in records(DEFENSES[:2], ATTACKS[:1], 3)]),
+    paths = render_records(
+        tmp_path,
+        [r | cifar for r in records(DEFENSES[:2], ATTACKS[:1], 3)],
         tmp_path / "out",
-        attacks=["ig"],
-        defenses=DEFENSES[:2],
-        datasets=["cifar10"],
-        setting=SETTING,
-        scaled_down_note=NOTE,
-        reference_csv=REFERENCE,
         title="CENSOR (NDSS 2025) Table I: defenses",
     )
     page = paths["html"].read_text(encoding="utf-8")

@@ -89,6 +89,30 @@ def write(tmp_path: Path, records: list[dict]) -> list[Path]:
     return paths
 
 
+def render_records(tmp_path: Path, records: list[dict], out: Path, **options) -> dict[str, Path]:
+    """``render_table`` of ``records`` as table1: their attacks, defenses and datasets in the
+    order they hold them, the test setting, note and CENSOR's Table I reference; ``options``
+    replace any of these."""
+    keys = {
+        key: list(dict.fromkeys(r[key] for r in records))
+        for key in ("attack", "defense", "dataset")
+    }
+    return render_table(
+        "table1",
+        write(tmp_path, records),
+        out,
+        **{
+            "attacks": keys["attack"],
+            "defenses": keys["defense"],
+            "datasets": keys["dataset"],
+            "setting": SETTING,
+            "scaled_down_note": NOTE,
+            "reference_csv": REFERENCE,
+            **options,
+        },
+    )
+
+
 def grid_records() -> list[dict]:
     return [run(d, a, v) for d in ("noise", "none") for a in ("gi", "ig") for v in range(3)]
 

@@ -17,29 +17,21 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from services import apt_install, free_port, mlflow_server
 from test_workflow import workflow_copy
 
 pytestmark = pytest.mark.slow
 
 MICRO = "tests/configs/micro.yaml"
-MLFLOW = Path(sys.executable).with_name("mlflow")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _postgres_bin() -> Path | None:
@@ -53,15 +45,7 @@ def _install_postgres() -> Path:
     conf.parent.mkdir(parents=True, exist_ok=True)
     if not conf.exists():
         conf.write_text("create_main_cluster = false\n")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
-        check=True,
-        env=env,
-        timeout=900,
-        stdout=subprocess.DEVNULL,
-    )
+    apt_install("postgresql")
     found = _postgres_bin()
     assert found, "apt-get installed postgresql, but no /usr/lib/postgresql/*/bin/postgres"
     return found
@@ -91,7 +75,7 @@ def postgres() -> Iterator[str]:
     data = Path(tempfile.mkdtemp(prefix="gradinv-pg-"))
     shutil.chown(data, "postgres", "postgres")
     as_postgres = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [*as_postgres, bindir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres"],
         check=True,
@@ -123,34 +107,9 @@ def postgres() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tracking_server(postgres: str, tmp_path_factory) -> Iterator[str]:
     """``mlflow server`` on that database, as docs/cluster.md starts it: its http:// address."""
-    port = _free_port()
-    where = ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = tmp_path_factory.mktemp("mlflow-server") / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", postgres, "--no-serve-artifacts", *where],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-            start_new_session=True,  # its workers are in its process group: stopped with it
-        )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+    with mlflow_server(postgres, "--no-serve-artifacts", log=log, timeout=180) as uri:
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
 
 
 def _runs(uri: str, experiment: str) -> dict[str, list[tuple[int, float]]]:

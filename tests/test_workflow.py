@@ -366,23 +366,12 @@ def test_dvc_metrics_and_plots_show_what_the_results_hold(tmp_path):
     claims' summary, a convergence and a frontier file in their stages' columns)."""
     import json
 
-    from gradinv.tables import render_table
-    from test_tables import NOTE, REFERENCE, SETTING, grid_records, write
+    from test_tables import grid_records, render_records
 
     root = workflow_copy(tmp_path / "project")
     shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
     results = root / "results"
-    render_table(
-        "table1",
-        write(tmp_path, grid_records()),
-        results,
-        attacks=["ig", "gi"],
-        defenses=["none", "noise"],
-        datasets=["patches"],
-        setting=SETTING,
-        scaled_down_note=NOTE,
-        reference_csv=REFERENCE,
-    )
+    render_records(tmp_path, grid_records(), results)
     (results / "claims_summary.json").write_text(json.dumps({"holds": 3, "fails": 1}))
     pd.DataFrame(
         {

@@ -58,7 +58,7 @@ NAMED_SECTIONS = ("models", "defenses", "attacks", "generators", "sweeps", "tabl
 INT64_MAX = 2**63 - 1
 
 
-def _registries() -> dict[str, Any]:
+def registries() -> dict[str, Any]:
     # Imported here: the registries pull in torch, which the schema alone does not need.
     from gradinv.attacks import ATTACKS
     from gradinv.data import DATASETS
@@ -108,7 +108,7 @@ def methods_schema() -> dict[str, Any]:
     from gradinv.metrics.base import MetricSettings
     from gradinv.metrics.evaluation_network import EvaluationNetworkSettings
 
-    regs = _registries()
+    regs = registries()
     kinds: dict[str, dict[str, Any]] = {}
     for section in ("models", "defenses", "attacks", "generators"):
         common = {
@@ -133,15 +133,14 @@ def methods_schema() -> dict[str, Any]:
     return json.loads(json.dumps(methods))  # as the stored copy reads: lists, not tuples
 
 
-def full_schema(methods: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The static schema plus one sub-schema per registered method (``methods``, by default
-    the stored copy: no torch)."""
+def full_schema() -> dict[str, Any]:
+    """The static schema plus one sub-schema per registered method, from their stored copy
+    (:mod:`gradinv.methods`: no torch)."""
+    from gradinv.methods import stored
+
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     _no_repeats(schema)
-    if methods is None:
-        from gradinv.methods import stored
-
-        methods = stored()["schemas"]
+    methods = stored()["schemas"]
     schema["properties"]["data"]["properties"]["sources"] |= {
         "properties": methods["sources"],
         "additionalProperties": False,

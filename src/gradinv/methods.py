@@ -38,9 +38,9 @@ def generate() -> dict[str, Any]:
     """The settings schemas and facts of every registered method, from the registries (torch)."""
     import inspect
 
-    from gradinv.config import _registries, methods_schema
+    from gradinv.config import methods_schema, registries
 
-    regs = _registries()
+    regs = registries()
     facts: dict[str, dict[str, dict[str, Any]]] = {}
     for section, names in FACTS.items():
         facts[section] = {}

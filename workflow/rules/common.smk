@@ -1,4 +1,4 @@
-# Path patterns and the input lists the report rule needs. No other logic lives here.
+# Path patterns, the input lists the rules need, and how a table's outputs enter the report.
 
 from types import SimpleNamespace
 
@@ -86,4 +86,16 @@ def official_loop_runs():
     return expand(
         f"results/convergence/{conv['dataset']}/{conv['model']}/{{defense}}/official/summary.json",
         defense=conv.get("official_loop", {}).get("defenses", []),
+    )
+
+
+def table_report(path, caption, result):
+    """A table's output in the browsable report: under its paper and its table, with the
+    caption workflow/report/<caption>.rst."""
+    return report(
+        path,
+        caption=f"../report/{caption}.rst",
+        category=lambda w: report_category(w.table),
+        subcategory=lambda w: report_subcategory(config, w.table),
+        labels={"result": result},
     )

@@ -12,27 +12,10 @@ rule report:
         victims_values="results/{table}_victims.csv",  # the claims pair these, victim by victim
         training="results/{table}_training.csv",  # and these (accuracy, PMM), seed by seed
         headline="results/{table}_headline.json",  # `dvc metrics show`
-        figure=report(
-            "results/figures/{table}.png",
-            caption="../report/figure.rst",
-            category=lambda w: report_category(w.table),
-            subcategory=lambda w: report_subcategory(config, w.table),
-            labels={"result": "figure"},
-        ),
-        grid=report(
-            "results/figures/{table}_grid.png",
-            caption="../report/grid.rst",
-            category=lambda w: report_category(w.table),
-            subcategory=lambda w: report_subcategory(config, w.table),
-            labels={"result": "reconstructions"},
-        ),
-        page=report(  # the table, its figure and the paper's numbers beside ours
-            "results/{table}.html",
-            caption="../report/table.rst",
-            category=lambda w: report_category(w.table),
-            subcategory=lambda w: report_subcategory(config, w.table),
-            labels={"result": "table"},
-        ),
+        figure=table_report("results/figures/{table}.png", "figure", "figure"),
+        grid=table_report("results/figures/{table}_grid.png", "grid", "reconstructions"),
+        # the table, its figure and the paper's numbers beside ours
+        page=table_report("results/{table}.html", "table", "table"),
     params:
         settings=lambda w: job_settings(config, "table", table=w.table),
     conda:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from gradinv.attacks.eot import Combine, Distances, eot_distance
 from gradinv.attacks.labels import infer_labels
 from gradinv.attacks.matching import target_gradients
+from gradinv.methods import STOCHASTIC  # the "Ignore" attack's layer pattern
 from gradinv.models import build_model, classifier_layer, stochastic_parameters
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, ServerMessage, SharedUpdate
@@ -80,9 +81,6 @@ class MatchSettings:
         0, ge=0, doc="EOT: samples of a randomized defense's transform per iteration; 0 = off"
     )
     eot_combine: Combine = "average-gradient"
-
-
-from gradinv.methods import STOCHASTIC  # noqa: E402  the "Ignore" attack's layer pattern
 
 
 @dataclass

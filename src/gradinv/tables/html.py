@@ -132,10 +132,8 @@ def _yes_no(value: object) -> str:
 
 def _ours(row: object) -> str:
     mean = _number(getattr(row, "ours_mean", None))
-    low, high = (
-        _number(getattr(row, "ours_ci_low", None)),
-        _number(getattr(row, "ours_ci_high", None)),
-    )
+    low = _number(getattr(row, "ours_ci_low", None))
+    high = _number(getattr(row, "ours_ci_high", None))
     n = getattr(row, "ours_n", None)
     interval = f" [{low}, {high}]" if low != "—" and high != "—" else ""
     count = f" ({int(n)})" if isinstance(n, int | float) and not pd.isna(n) else ""
