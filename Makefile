@@ -39,7 +39,8 @@ all: env
 # One browsable page of what the run built: every table, figure and the claims, by paper.
 # REPORT_TARGETS: the targets it covers, which must be built (default: all, after `make all`;
 # after `make table1`: REPORT_TARGETS=results/table1.csv);
-# CONFIG: an overlay (make report CONFIG=tests/configs/micro.yaml REPORT_TARGETS=results/table1.csv).
+# CONFIG: an overlay (make report CONFIG=tests/configs/micro.yaml REPORT_TARGETS=results/table1.csv);
+# the report is then in the overlay's run_dir (runs/micro/results/report.html).
 REPORT_TARGETS ?= all
 report: env
 	$(BIN)/snakemake $(REPORT_TARGETS) --report results/report.html $(if $(CONFIG),--configfile $(CONFIG))

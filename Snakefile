@@ -44,7 +44,7 @@ from gradinv import cluster, pipeline
 pipeline.setup_environment(workflow.basedir)
 
 
-configfile: "params.yaml"
+configfile: f"{workflow.basedir}/params.yaml"  # a path that holds after workdir: below
 
 
 report: "workflow/report/workflow.rst"  # snakemake --report results/report.html (make report)
@@ -54,6 +54,11 @@ pipeline.validated(config, workflow.configfiles)
 
 
 envvars: *pipeline.export_runtime(config, workflow.overwrite_configfiles)
+
+
+# Every path below (results/, data/, Snakemake's .snakemake/) is the run's: run_dir, each
+# configuration its own, so that switching overlays reruns nothing still valid.
+workdir: pipeline.run_dir(config, workflow)
 
 
 if workflow.is_main_process:

@@ -289,7 +289,8 @@ def main() -> int:
         full = Dag(parse_dry_run(dry_run(a.configfile, cwd=project)))
         text = dry_run(a.configfile, cwd=project, forceall=False)
         left = [] if "Nothing to be done" in text else parse_dry_run(text)
-        print(remaining(full, left, default_costs(full.jobs, project), a.cores))
+        run = project / load_config(a.configfile)["run_dir"]  # where those jobs wrote
+        print(remaining(full, left, default_costs(full.jobs, run), a.cores))
         return 0
 
     default = Dag(parse_dry_run(dry_run(a.configfile)))

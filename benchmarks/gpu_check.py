@@ -62,6 +62,7 @@ NOT_COPIED = {
     ".dvc",
     "results",
     "data",
+    "runs",
     "mlruns",
     "mlartifacts",
     "mlflow.db",
@@ -142,6 +143,13 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def run_dir(overlay: str) -> str:
+    """The folder an overlay's run writes to (its ``run_dir``)."""
+    import yaml
+
+    return yaml.safe_load((ROOT / overlay).read_text())["run_dir"]
+
+
 def table_part(work: Path, cores: int, extra: list[str]) -> dict[str, Any]:
     project = copy_project(work / "project")
     log = work / "table.log"
@@ -157,6 +165,7 @@ def table_part(work: Path, cores: int, extra: list[str]) -> dict[str, Any]:
         *[str(Path(f).resolve()) for f in extra],
     ]
     rc, wall = run_logged(cmd, project, log, TIMEOUT_S["table"])
+    run = project / run_dir(OVERLAYS[-1])  # where the overlay's jobs write
     done = re.findall(r"(\d+) of (\d+) steps", log.read_text(errors="replace"))
     report: dict[str, Any] = {
         "command": " ".join(cmd[1:]).replace(sys.executable, "python"),
@@ -164,10 +173,10 @@ def table_part(work: Path, cores: int, extra: list[str]) -> dict[str, Any]:
         "wall_s": wall,
         "jobs_done": int(done[-1][0]) if done else 0,
         "jobs": int(done[-1][1]) if done else None,
-        "attack_job_s": attack_seconds(project / "results" / "benchmarks" / "attack"),
-        "gpu_jobs": gpu_jobs(project / "results" / "logs"),
+        "attack_job_s": attack_seconds(run / "results" / "benchmarks" / "attack"),
+        "gpu_jobs": gpu_jobs(run / "results" / "logs"),
     }
-    table = project / "results" / "table1.csv"
+    table = run / "results" / "table1.csv"
     if rc == 0 and table.exists():
         report["psnr"] = psnr_cells(table)
     else:

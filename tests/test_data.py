@@ -323,6 +323,25 @@ def test_imagenet_folder_loader(tmp_path):
     assert len(raw.train_labels) == 6 and len(raw.val_labels) == 15
 
 
+def test_raw_folders_are_the_projects_and_the_prepared_file_the_runs(tmp_path, monkeypatch):
+    """A run in its own folder (an overlay's run_dir, the job's working directory) reads the raw
+    data params.yaml names from the project's folder and writes the prepared file into its own."""
+    from gradinv.stages.prepare import prepare
+
+    project, run = tmp_path / "project", tmp_path / "project" / "runs" / "paper"
+    _image_folder(project / "data/raw/imagenet/val")
+    run.mkdir(parents=True)
+    monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(project))
+    monkeypatch.chdir(run)
+    source = {"root": "data/raw/imagenet/val", "image_size": 16, "val_fraction": 0.4}
+    settings = {"dataset": "imagenet", "settings": source, "seed": 0}
+    prepare(settings, Path("data/raw"), Path("data/prepared/imagenet.pt"))
+    manifest = json.loads((run / "data/prepared/imagenet.json").read_text())
+    assert manifest["num_train"] + manifest["num_val"] == 15
+    assert manifest["settings"]["root"] == "data/raw/imagenet/val"  # as params.yaml names it
+    assert not (project / "data/prepared").exists()
+
+
 def test_ffhq_missing_folders_name_the_keys(tmp_path):
     s = dataset_settings("ffhq", {"root": str(tmp_path / "none"), "labels": str(tmp_path)})
     with pytest.raises(DatasetNotFoundError, match=r"data\.sources\.ffhq\.root"):

@@ -8,14 +8,16 @@ import sys
 import pytest
 
 from gradinv.tables.files import read_records
-from test_workflow import run_target, workflow_copy
+from test_workflow import run_folder, run_target, workflow_copy
 
 
 @pytest.mark.slow
 def test_a_rerun_from_scratch_gives_a_byte_identical_table(tmp_path):
-    first, second = workflow_copy(tmp_path / "a"), workflow_copy(tmp_path / "b")
-    for root in (first, second):
-        run_target(root, "--cores", "2", "--configfile", "tests/configs/micro.yaml")
+    micro = "tests/configs/micro.yaml"
+    projects = workflow_copy(tmp_path / "a"), workflow_copy(tmp_path / "b")
+    for root in projects:
+        run_target(root, "--cores", "2", "--configfile", micro)
+    first, second = (run_folder(root, micro) for root in projects)
     for name in ("table1.csv", "table1.md", "table1_vs_paper.csv"):
         assert (first / "results" / name).read_bytes() == (second / "results" / name).read_bytes()
     cells = sorted((first / "results/metrics").rglob("*.json"))
@@ -38,7 +40,7 @@ def test_a_rerun_from_scratch_gives_a_byte_identical_table(tmp_path):
             a.pop(timing), b.pop(timing)
         assert a == b, path
         assert a["seed"] == 0
-    with sqlite3.connect(first / "mlflow.db") as db:
+    with sqlite3.connect(projects[0] / "mlflow.db") as db:
         seeds = db.execute(
             "select t.value from runs r join tags t on r.run_uuid = t.run_uuid "
             "where t.key = 'gradinv.seed' and r.lifecycle_stage = 'active'"

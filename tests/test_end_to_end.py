@@ -17,7 +17,7 @@ from browser import browser_page, screenshot
 from gradinv.io import load_tensors
 from gradinv.tables.files import read_records
 from services import mlflow_server
-from test_workflow import snakemake, workflow_copy
+from test_workflow import run_folder, snakemake, workflow_copy
 
 TINY = "tests/configs/tiny.yaml"
 
@@ -47,7 +47,8 @@ def tiny_run(tmp_path_factory):
 def test_tiny_end_to_end_run(tiny_run):
     """The whole pipeline on a tiny overlay: table shape, sanity, one MLflow run per job."""
     root = tiny_run
-    rows = list(csv.DictReader((root / "results/table1.csv").open()))
+    run = run_folder(root, TINY)
+    rows = list(csv.DictReader((run / "results/table1.csv").open()))
     labels = ["No Defense", "Noise", "Clipping", "Sparsi", "Soteria", "Censor"]
     assert [r["defense"] for r in rows] == [*labels, "Censor (never raw)"]
     for r in rows:
@@ -63,12 +64,12 @@ def test_tiny_end_to_end_run(tiny_run):
         next(r for r in rows if r["defense"] == "Censor (never raw)")["GI raw gradient shared"]
         == "0 of 1"
     )
-    md = (root / "results/table1.md").read_text()
+    md = (run / "results/table1.md").read_text()
     assert "SCALED-DOWN" in md and "This run: 1 victims" in md
     assert "LPIPS UNAVAILABLE" in md  # no backbone weights on this machine: loud, never faked
     for name in ("table1_vs_paper.csv", "figures/table1.png", "figures/table1_grid.png"):
-        assert (root / "results" / name).stat().st_size > 0
-    captures = root / "results/captures/patches/cnn3"
+        assert (run / "results" / name).stat().st_size > 0
+    captures = run / "results/captures/patches/cnn3"
     shared = victim0(captures / "none/r0_b1")
     # What the server sees, and apart what only the client knows (read by the score stage alone).
     assert set(shared) == {"server", "update", "client"}
@@ -80,7 +81,7 @@ def test_tiny_end_to_end_run(tiny_run):
     assert shared["client"]["raw_gradient_shared"] is None  # not CENSOR: never recorded
     assert shared["update"]["meta"]["labels"] is None
     # Every result records the threat model as it ran and how fast the attack was.
-    metrics = read_records(root / "results/metrics/patches/cnn3/censor/r0_b1/gi/v1.json")[0]
+    metrics = read_records(run / "results/metrics/patches/cnn3/censor/r0_b1/gi/v1.json")[0]
     assert metrics["threat_model"]["labels_from"] == "inferred: idlg"
     assert metrics["threat_model"]["eot"] == "off"
     assert metrics["restarts_layout"] == "batched"  # GI's 2 restarts on the small CNN (auto)
@@ -103,7 +104,7 @@ def test_tiny_end_to_end_run(tiny_run):
         "train_generator": 1,
         "train_evalnet": 1,
     }
-    generator = load_tensors(root / "data/generators/dcgan/patches.pt")
+    generator = load_tensors(run / "data/generators/dcgan/patches.pt")
     assert generator["public_images"] > 0 and generator["provenance"]["partition_sha256"]
     # A second run has nothing to do: finished jobs are not recomputed.
     again = snakemake(
@@ -124,7 +125,8 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     malicious server: its own capture, on the model it changed), with the evaluation network's
     noise ratio and the utility study's accuracy and PMM as columns."""
     root = tiny_run
-    table = pd.read_csv(root / "results/data_centric.csv").set_index("defense")
+    run = run_folder(root, TINY)
+    table = pd.read_csv(run / "results/data_centric.csv").set_index("defense")
     assert list(table.index) == ["No Defense", "Refiner", "DCS²+"]
     assert (table["IG PSNR↓ failed"] == 0).all() and (table["Imprint PSNR↓ failed"] == 0).all()
     # Imprint reads an undefended image exactly out of its block
@@ -132,22 +134,22 @@ def test_tiny_data_centric_defenses_and_a_malicious_server_in_a_table(tiny_run):
     assert table["IG NoiseRatio↑ mean"].between(0, 1).all()
     assert table.loc["No Defense", "IG PMM↑ mean"] == 1.0
     assert (table["IG PMM↑ n"] == 2).all() and table["IG Accuracy↑ mean"].between(0, 100).all()
-    run = "results/{}/patches/cnn3/{}/r0_b1"
-    imprinted = victim0(root / run.format("captures", "none") / "imprint")
+    cell = "results/{}/patches/cnn3/{}/r0_b1"
+    imprinted = victim0(run / cell.format("captures", "none") / "imprint")
     assert imprinted["server"]["model"]["modification"]["kind"] == "imprint"
-    honest = victim0(root / run.format("captures", "none"))
+    honest = victim0(run / cell.format("captures", "none"))
     assert honest["server"]["model"]["modification"] is None
-    metrics = read_records(root / run.format("metrics", "none") / "imprint/v1.json")[0]
+    metrics = read_records(run / cell.format("metrics", "none") / "imprint/v1.json")[0]
     assert metrics["threat_model"]["server"].startswith("malicious: imprint")
     # DCS²: the lone image is sensitive, one concealed sample joins it; only it is scored
-    dcs = victim0(root / run.format("captures", "dcs2_plus"))
+    dcs = victim0(run / cell.format("captures", "dcs2_plus"))
     assert dcs["update"]["meta"]["batch_size"] == 2 and dcs["client"]["sensitive"] == [0]
-    scored = read_records(root / run.format("metrics", "dcs2_plus") / "ig/v1.json")[0]
+    scored = read_records(run / cell.format("metrics", "dcs2_plus") / "ig/v1.json")[0]
     assert scored["scored_samples"] == [0] and len(scored["matching"]) == 1
-    refined = victim0(root / run.format("captures", "refiner"))
+    refined = victim0(run / cell.format("captures", "refiner"))
     assert refined["client"]["defense"]["gradient_distance"] > 0
     assert refined["client"]["update_cosine"] < 1.0
-    md = (root / "results/data_centric.md").read_text()
+    md = (run / "results/data_centric.md").read_text()
     assert "PMM" in md and "from each defense's FL training run" in md
 
 
@@ -156,6 +158,7 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
     """workflow/claims.yaml against the cells of the two tables this run built; claims on the
     tables it did not build are reported as not evaluated, with the reason."""
     root = tiny_run
+    run = run_folder(root, TINY)
     settings = json.dumps({"scale": "embedded", "tables": ["table1", "data_centric"]})
     proc = subprocess.run(
         [sys.executable, "-m", "gradinv.cli", "claims", "--settings", settings],
@@ -164,7 +167,7 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    claims = pd.read_csv(root / "results/claims.csv").set_index("id")
+    claims = pd.read_csv(run / "results/claims.csv").set_index("id")
     on_built = claims["table"].isin(["table1", "data_centric"])
     groups = claims[[f"{v}_groups" for v in ("holds", "fails", "inconclusive", "undecidable")]]
     assert (claims.loc[on_built, "verdict"] != "not evaluated").all()
@@ -175,7 +178,7 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
     # one victim a cell: no paired interval can decide, or the attack does not beat the floor
     assert ssim["verdict"] in ("inconclusive", "undecidable")
     assert "patches/ig: " in ssim["evidence"]
-    assert "SCALED-DOWN" in (root / "results/claims.md").read_text()
+    assert "SCALED-DOWN" in (run / "results/claims.md").read_text()
 
 
 SWEEPS_OVERLAY = """
@@ -201,36 +204,37 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path)
     overlays = ("--configfile", TINY, "tests/configs/sweeps.yaml")
     proc = snakemake(*targets, "--cores", "2", *overlays, cwd=root, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    run = run_folder(root, TINY)
 
-    frontier = pd.read_csv(root / "results/frontier.csv").set_index("defense")
+    frontier = pd.read_csv(run / "results/frontier.csv").set_index("defense")
     assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
     assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
     # the point at the base's value ran once, as the base, and is shown under its own name
-    assert (root / "results/utility/common/patches/cnn3/noise/seed0/summary.json").is_file()
-    assert not list((root / "results").rglob("noise-std0.01"))
+    assert (run / "results/utility/common/patches/cnn3/noise/seed0/summary.json").is_file()
+    assert not list((run / "results").rglob("noise-std0.01"))
     assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
     assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
     assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
-    assert (root / "results/frontier.png").stat().st_size > 0
+    assert (run / "results/frontier.png").stat().st_size > 0
     # the table behind it drawn as Refiner's figures are: PMM against each metric, per sweep
-    assert (root / "results/figures/frontier_runs.png").stat().st_size > 0
+    assert (run / "results/figures/frontier_runs.png").stat().st_size > 0
 
-    cells = pd.read_csv(root / "results/cvb_table5_cells.csv")
+    cells = pd.read_csv(run / "results/cvb_table5_cells.csv")
     assert set(cells["model"]) == {"cnn3", "vit"}
     asr = cells[cells["metric"] == "attack_success"]["mean"]
     assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG (Ignore)
     accuracy = cells[cells["metric"] == "accuracy"]
     assert accuracy["mean"].notna().all()  # each model's own utility runs
-    assert len(pd.read_csv(root / "results/cvb_table5.csv")) == 6
+    assert len(pd.read_csv(run / "results/cvb_table5.csv")) == 6
 
-    times = pd.read_csv(root / "results/refiner_table4_time.csv").set_index("defense")
+    times = pd.read_csv(run / "results/refiner_table4_time.csv").set_index("defense")
     assert list(times.index) == ["sparsi", "refiner_warm"]
     assert (times[["lenet", "vit"]] > 0).all().all()
     # Refiner's warm start: later calls reuse the robust data, the first call has none
-    warm = json.loads((root / "results/client_time/patches/lenet/refiner_warm.json").read_text())
+    warm = json.loads((run / "results/client_time/patches/lenet/refiner_warm.json").read_text())
     assert len(warm["timed_seconds"]) == 2 and warm["first_call_seconds"] > 0
-    assert "(0.1418)" in (root / "results/refiner_table4_time.md").read_text()  # the paper's
-    vs = pd.read_csv(root / "results/refiner_table4_time_vs_paper.csv")
+    assert "(0.1418)" in (run / "results/refiner_table4_time.md").read_text()  # the paper's
+    vs = pd.read_csv(run / "results/refiner_table4_time_vs_paper.csv")
     assert len(vs) == 4 and vs["paper"].notna().all()  # the paper reports LeNet and ViT
 
 
@@ -240,7 +244,8 @@ def test_the_report_shows_table_i_as_a_table_and_a_figure_in_a_browser(tiny_run)
     figure inline, and the figure itself, as a person sees them in a headless Chromium.
     With GRADINV_SCREENSHOTS=<folder> the views are saved there (docs/images)."""
     root = tiny_run
-    report = root / "results/report.html"
+    run = run_folder(root, TINY)
+    report = run / "results/report.html"
     proc = snakemake(*TARGETS, "--report", str(report), "--configfile", TINY, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     shots = os.environ.get("GRADINV_SCREENSHOTS")

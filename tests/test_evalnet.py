@@ -258,9 +258,11 @@ def test_the_metric_reports_a_corrupted_network_file(tmp_path):
         )
 
 
-def test_an_empty_setting_means_the_datasets_own_network():
+def test_an_empty_setting_means_the_datasets_own_network(tmp_path, monkeypatch):
+    """The run's own network (in its folder, wherever the job runs); a given path is the user's."""
+    monkeypatch.setenv("GRADINV_RUN_ROOT", str(tmp_path / "runs" / "micro"))
     empty = resolve_evaluation_network(MetricSettings(), "patches")
-    assert empty.evaluation_network == "data/evalnet/patches.pt"
+    assert empty.evaluation_network == str(tmp_path / "runs/micro/data/evalnet/patches.pt")
     given = MetricSettings(evaluation_network="mine.pt")
     assert resolve_evaluation_network(given, "patches") is given
 

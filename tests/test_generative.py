@@ -1,5 +1,7 @@
 """The generative-prior attacks (GGL, GIAS, GIFD) and the generator plumbing they need."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -190,6 +192,26 @@ def test_fetching_weights_verifies_them_and_leaves_nothing_wrong_behind(tmp_path
     assert fetch_weights("g", {**block, "url": "", "local_path": str(local)}, out) == out
     with pytest.raises(WeightsError, match="does not exist"):
         fetch_weights("g", {**block, "local_path": str(tmp_path / "nope")}, tmp_path / "o.pt")
+
+
+def test_a_relative_local_path_is_the_projects_wherever_the_run_writes(tmp_path, monkeypatch):
+    """The fetch job runs in its run's folder (an overlay's run_dir); the copy of the weights
+    params.yaml names is the user's, in the project."""
+    import hashlib
+
+    from gradinv.stages.generator import fetch
+
+    payload = b"published weights" * 10
+    project, run = tmp_path / "project", tmp_path / "project" / "runs" / "paper"
+    (project / "data/raw").mkdir(parents=True)
+    (project / "data/raw/w.bin").write_bytes(payload)
+    run.mkdir(parents=True)
+    monkeypatch.setenv("GRADINV_PROJECT_ROOT", str(project))
+    monkeypatch.chdir(run)
+    block = {"kind": "biggan", "url": "", "local_path": "data/raw/w.bin", "source": "test"}
+    block["sha256"] = hashlib.sha256(payload).hexdigest()
+    fetch({"generator_name": "g", "generator": block}, Path("data/generators/g/weights.pt"))
+    assert (run / "data/generators/g/weights.pt").read_bytes() == payload
 
 
 @pytest.mark.parametrize(

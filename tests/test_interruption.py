@@ -24,7 +24,7 @@ from gradinv.pipeline import finished_outputs
 from gradinv.progress import Progress
 from gradinv.protocol import ModelSpec, PublicMeta, ServerMessage, SharedUpdate
 from interrupt import Interrupted, StopAfter
-from test_workflow import SNAKEMAKE, run_target, workflow_copy
+from test_workflow import SNAKEMAKE, run_folder, run_target, workflow_copy
 
 MICRO = "tests/configs/micro.yaml"
 
@@ -224,10 +224,11 @@ def _interrupt(proc: subprocess.Popen, log: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, sig):
     root = workflow_copy(tmp_path)
+    run = run_folder(root, MICRO)
     log = tmp_path / "snakemake.log"
     proc = _start(root, log)
     deadline = time.monotonic() + 600
-    attacks = root / "results" / "attacks"
+    attacks = run / "results" / "attacks"
     while not list(attacks.rglob("victim*.pt")):  # the first attack done, the others to come
         assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline
@@ -238,22 +239,22 @@ def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, si
         os.killpg(proc.pid, sig)
         proc.wait(timeout=120)
         os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
-        assert any((root / ".snakemake" / "locks").glob("*.lock"))  # the killed run's lock
+        assert any((run / ".snakemake" / "locks").glob("*.lock"))  # the killed run's lock
     time.sleep(0.5)
-    before = finished_outputs(root)
-    assert before and not (root / "results/table1.csv").exists(), log.read_text()[-3000:]
+    before = finished_outputs(run)
+    assert before and not (run / "results/table1.csv").exists(), log.read_text()[-3000:]
 
     run_target(root, "--cores", "2", "--configfile", MICRO)  # the same command again
-    after = finished_outputs(root)
+    after = finished_outputs(run)
     recomputed = [p for p, mtime in before.items() if after.get(p) != mtime]
     assert recomputed == []  # finished jobs are kept as they were
-    assert (root / "results/table1.csv").exists()
-    leftovers = [p for p in (root / "results").rglob("*.tmp")]
+    assert (run / "results/table1.csv").exists()
+    leftovers = [p for p in (run / "results").rglob("*.tmp")]
     assert leftovers == []  # no temporary file survives the resumed run
-    for path in (root / "results").rglob("*.pt"):
+    for path in (run / "results").rglob("*.pt"):
         if ".progress" not in path.parts:
             load_tensors(path)  # every tensor output is whole and verified
-    assert not list((root / "results" / ".progress").rglob("*.pt"))  # finished jobs clean up
+    assert not list((run / "results" / ".progress").rglob("*.pt"))  # finished jobs clean up
 
 
 def _group_alive(pgid: int) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from gradinv.io import load_tensors
 from gradinv.tables.files import read_records
 from stages import Stages
-from test_workflow import run_target, workflow_copy
+from test_workflow import run_folder, run_target, workflow_copy
 
 
 @pytest.mark.slow
@@ -29,9 +29,10 @@ def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path, defer):
     proc = run_target(
         root, "--cores", "4", "--configfile", "tests/configs/micro.yaml", str(overlay)
     )
-    scored = [r for p in (root / "results/metrics").rglob("*.json") for r in read_records(p)]
+    run = run_folder(root, "tests/configs/micro.yaml")
+    scored = [r for p in (run / "results/metrics").rglob("*.json") for r in read_records(p)]
     jobs = {  # what logs a run: one summary per training job, one record per scored victim
-        "train": len(list((root / "results/train").rglob("summary.json"))),
+        "train": len(list((run / "results/train").rglob("summary.json"))),
         "score": len(scored),
     }
     with sqlite3.connect(root / "mlflow.db") as db:
@@ -51,7 +52,7 @@ def test_four_parallel_jobs_log_each_run_exactly_once(tmp_path, defer):
             "select start_time, end_time from runs where lifecycle_stage = 'active'"
         ).fetchall()
     assert all(end - start > 1000 for start, end in times)  # each job's own time (s, not ms)
-    assert not (root / "results/logs/tracking-failures.log").exists()
+    assert not (run / "results/logs/tracking-failures.log").exists()
     assert "could not be logged" not in proc.stderr
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from gradinv.pipeline import finished_outputs
-from test_workflow import workflow_copy
+from test_workflow import run_folder, workflow_copy
 
 pytestmark = pytest.mark.slow
 
@@ -141,8 +141,8 @@ def test_the_micro_table_through_slurm_is_the_local_table(cluster, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
 
-    table = (local / "results/table1.csv").read_bytes()
-    assert (remote / "results/table1.csv").read_bytes() == table
+    table = (run_folder(local, MICRO) / "results/table1.csv").read_bytes()
+    assert (run_folder(remote, MICRO) / "results/table1.csv").read_bytes() == table
     jobs = int(re.search(r"^total\s+(\d+)", log, re.M).group(1))
     submitted = _submitted(log)
     accounted = _sacct(list(submitted))
@@ -164,6 +164,7 @@ def test_the_micro_table_through_slurm_is_the_local_table(cluster, tmp_path):
 
 def test_a_cancelled_job_is_rerun_and_nothing_finished_recomputed(cluster, tmp_path):
     root = _project(tmp_path)
+    out = run_folder(root, MICRO)  # where the micro overlay's jobs write
     args = [sys.executable, "-m", "snakemake", "results/table1.csv", *SLURM, *OVERLAYS]
     run = subprocess.Popen(
         args, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -180,14 +181,14 @@ def test_a_cancelled_job_is_rerun_and_nothing_finished_recomputed(cluster, tmp_p
     subprocess.run(["scancel", victim], check=True)
     log, _ = run.communicate(timeout=1200)
     assert run.returncode != 0 and "CANCELLED" in log, log[-3000:]
-    before = finished_outputs(root)
-    assert before and not (root / "results/table1.csv").exists()
+    before = finished_outputs(out)
+    assert before and not (out / "results/table1.csv").exists()
 
     proc = _snakemake(root, *SLURM, *OVERLAYS)  # the same command again
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    after = finished_outputs(root)
+    after = finished_outputs(out)
     assert [p for p, mtime in before.items() if after.get(p) != mtime] == []
-    assert (root / "results/table1.csv").exists()
+    assert (out / "results/table1.csv").exists()
     cluster.update(cancelled_job=victim, kept_outputs=len(before))
 
 
@@ -209,7 +210,7 @@ def test_a_requeued_training_job_resumes_from_its_progress(cluster, tmp_path):
         run = subprocess.Popen(
             args, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        progress = root / "results/.progress/train/patches/cnn3/none"
+        progress = run_folder(root, MICRO) / "results/.progress/train/patches/cnn3/none"
         requeued = None
         while name == "requeued" and requeued is None:
             assert run.poll() is None, run.communicate()[0][-3000:]
@@ -227,7 +228,7 @@ def test_a_requeued_training_job_resumes_from_its_progress(cluster, tmp_path):
             time.sleep(0.3)
         log, _ = run.communicate(timeout=1200)
         assert run.returncode == 0, log[-3000:]
-        runs[name] = root
+        runs[name] = run_folder(root, MICRO)
     root = runs["requeued"]
     job_log = (root / "results/logs/train/patches/cnn3/none.log").read_text()
     assert "resuming from saved progress" in job_log, job_log[-2000:]

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from services import apt_install, free_port, mlflow_server
-from test_workflow import workflow_copy
+from test_workflow import run_folder, workflow_copy
 
 pytestmark = pytest.mark.slow
 
@@ -161,5 +161,6 @@ def test_jobs_log_to_a_postgres_backed_server_live_and_deferred(tracking_server,
     assert attacks and any(k.startswith("train/") for k in live)
     differ = {k: (live[k], deferred[k]) for k in attacks if not live[k] or live[k] != deferred[k]}
     assert not differ, differ
-    tables = [(tmp_path / f"defer-{d}/results/table1.csv").read_bytes() for d in (False, True)]
+    runs = [run_folder(tmp_path / f"defer-{d}", MICRO) for d in (False, True)]
+    tables = [(run / "results/table1.csv").read_bytes() for run in runs]
     assert tables[0] == tables[1]

@@ -49,6 +49,11 @@ def run_target(root: Path, *args: str, timeout: int = 900) -> subprocess.Complet
     return proc
 
 
+def run_folder(root: Path, overlay: str) -> Path:
+    """Where a run with ``overlay`` writes in the workflow copy ``root``: the overlay's run_dir."""
+    return root / yaml.safe_load((ROOT / overlay).read_text()).get("run_dir", ".")
+
+
 def workflow_copy(tmp_path: Path) -> Path:
     """The workflow in a fresh folder, as a fresh clone would have it."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -208,18 +213,63 @@ def test_data_centric_dry_run_captures_the_malicious_server_apart(tmp_path):
     assert counts["train_evalnet"] == 1  # the noise ratio's and Refiner's, one per dataset
 
 
+def mlflow_experiments_with_runs(store: Path) -> dict[str, int]:
+    """Each MLflow experiment of the SQLite store ``store`` that holds runs, and how many."""
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        rows = db.execute(
+            "SELECT e.name, COUNT(*) FROM runs r JOIN experiments e "
+            "ON r.experiment_id = e.experiment_id GROUP BY e.name"
+        ).fetchall()
+    return dict(rows)
+
+
+@pytest.mark.slow
+def test_each_overlay_writes_to_its_own_folder_so_switching_reruns_nothing(tmp_path):
+    """The micro overlay's Table I and its report land in runs/micro (its run_dir); the default
+    scale's first job after it writes the project's own data/ and leaves the micro table up to
+    date (when the two shared results/ and data/, the default's data made the micro's table
+    start again from its first job). One MLflow store, the overlay's own experiment."""
+    root = workflow_copy(tmp_path)
+    micro = ("--configfile", "tests/configs/micro.yaml")
+    run_target(root, "--cores", "2", *micro)
+    run = root / "runs" / "micro"
+    assert (run / "results" / "table1.csv").is_file()
+    assert not (root / "results").exists() and not (root / "data").exists()
+    victims = json.loads(next((run / "results" / "metrics").rglob("v*.json")).read_text())
+    recorded = victims["runs"][0]["victim_file"]  # relative to the run's folder
+    assert not Path(recorded).is_absolute() and (run / recorded).is_file()
+
+    report = snakemake("results/table1.csv", "--report", "results/report.html", *micro, cwd=root)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (run / "results" / "report.html").stat().st_size > 100_000
+
+    default = snakemake("data/prepared/patches.pt", "--cores", "1", cwd=root)
+    assert default.returncode == 0, default.stderr[-3000:]
+    ours, theirs = (json.loads((r / "data/prepared/patches.json").read_text()) for r in (run, root))
+    assert ours["num_train"] != theirs["num_train"]  # the micro overlay's smaller data set
+    again = snakemake("-n", "results/table1.csv", *micro, cwd=root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    runs = mlflow_experiments_with_runs(root / "mlflow.db")
+    assert set(runs) == {"gradinv-micro"} and runs["gradinv-micro"] >= 2
+
+
 @pytest.mark.slow
 def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
     root = workflow_copy(tmp_path)
     tiny = "tests/configs/tiny.yaml"
     proc = snakemake("results/utility.csv", "--cores", "2", "--configfile", tiny, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    table = pd.read_csv(root / "results/utility.csv")
+    run = run_folder(root, tiny)
+    table = pd.read_csv(run / "results/utility.csv")
     cfg = yaml.safe_load((root / "params.yaml").read_text())
     assert list(table["defense"]) == cfg["utility"]["defenses"]
     assert (table["status"] == "ok").all() and table["accuracy"].between(0, 100).all()
     assert (table["seeds"] == 2).all()  # tiny.yaml's two seeds
-    runs = pd.read_csv(root / "results/utility_runs.csv")
+    runs = pd.read_csv(run / "results/utility_runs.csv")
     assert len(runs) == 2 * len(table)
     # PMM: each run over no defense's at the same seed, averaged (the CSV keeps 6 digits)
     by_seed = runs.pivot(index="seed", columns="defense", values="accuracy")
@@ -230,17 +280,17 @@ def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
     assert 0 < dp["epsilon"] < float("inf")
     assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
     summary = json.loads(
-        (root / "results/utility/common/patches/cnn3/cvb/seed1/summary.json").read_text()
+        (run / "results/utility/common/patches/cnn3/cvb/seed1/summary.json").read_text()
     )
     assert summary["seed"] == 1
     assert summary["status"] == "ok"
     from gradinv.io import load_tensors
 
     # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
-    saved = load_tensors(root / "results/utility/common/patches/cnn3/cvb/seed0/final.pt")
+    saved = load_tensors(run / "results/utility/common/patches/cnn3/cvb/seed0/final.pt")
     assert saved["model"]["extension"]["kind"] == "cvb"
     assert any("decoder" in k for k in saved["state"])
-    md = (root / "results/utility.md").read_text()
+    md = (run / "results/utility.md").read_text()
     assert "SCALED-DOWN" in md and "PRECODE" in md
 
 
@@ -324,7 +374,8 @@ def test_tiny_convergence_study_runs_both_loops(tmp_path):
     tiny = "tests/configs/tiny.yaml"
     proc = snakemake("results/table6_clients.csv", "--cores", "2", "--configfile", tiny, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    curves = pd.read_csv(root / "results/convergence.csv")
+    run = run_folder(root, tiny)
+    curves = pd.read_csv(run / "results/convergence.csv")
     cfg = yaml.safe_load((root / tiny).read_text())["convergence"]
     official = curves[curves["loop"].str.startswith("official")]
     assert set(official["defense"]) == set(cfg["official_loop"]["defenses"])
@@ -332,13 +383,13 @@ def test_tiny_convergence_study_runs_both_loops(tmp_path):
     fl = curves[curves["loop"].str.startswith("FL")]
     assert fl["round"].max() == cfg["fl"]["rounds"]
     assert curves["test_accuracy"].between(0, 1).all()
-    md = (root / "results/table6_clients.md").read_text()
+    md = (run / "results/table6_clients.md").read_text()
     assert "SCALED-DOWN" in md and "## The official code's loop" in md
     for defense in cfg["official_loop"]["defenses"]:
         run = root / f"results/convergence/patches/cnn3/{defense}/official"
         assert (run / "final.pt").stat().st_size > 0
         assert json.loads((run / "summary.json").read_text())["status"] == "ok"
-    wide = Image.open(root / "results/fig7_accuracy.png").size
+    wide = Image.open(run / "results/fig7_accuracy.png").size
     assert wide[0] > 1.5 * wide[1]  # two panels side by side
 
 

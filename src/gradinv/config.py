@@ -32,12 +32,21 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
 
 
 def project_root() -> Path:
-    """Where the pipeline runs: the Snakefile's folder (set by the Snakefile), else the CWD.
+    """The project: the Snakefile's folder (set by the Snakefile), else the CWD.
 
-    Relative paths in params.yaml and the MLflow store resolve against it, so a copy of the
-    workflow in another folder (a test's tmp_path) keeps its results and its runs to itself.
+    The files params.yaml names for the user to supply and the MLflow store resolve against it,
+    so a copy of the workflow in another folder (a test's tmp_path) keeps its runs to itself.
     """
     return Path(os.environ.get("GRADINV_PROJECT_ROOT") or Path.cwd()).resolve()
+
+
+def run_root() -> Path:
+    """Where a run writes: its ``results/``, ``data/`` and Snakemake's state (the config's
+    ``run_dir``, set by the Snakefile, which also makes it the jobs' working directory), else the
+    project root. Paths the pipeline records (a victim's file, a reconstruction) and the files of
+    its own rules are relative to it; the files params.yaml names for the user to supply (raw
+    datasets, published weights, the papers' reference numbers) are the project's."""
+    return Path(os.environ.get("GRADINV_RUN_ROOT") or project_root()).resolve()
 
 
 _NAMED = {"label": {"type": "string", "minLength": 1}}

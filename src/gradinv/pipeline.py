@@ -64,6 +64,27 @@ def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) ->
         raise WorkflowError(f"gradinv: {err}") from None
 
 
+def run_dir(config: dict[str, Any], workflow: Any) -> str:
+    """The run's folder (``run_dir``, against the Snakefile's folder), for the Snakefile's
+    ``workdir:``; exported as ``GRADINV_RUN_ROOT`` for the jobs (:func:`gradinv.config.run_root`).
+
+    Snakemake's ``--directory`` wins over ``workdir:`` and has already been entered, so then the
+    current folder is the run's."""
+    if workflow.overwrite_workdir is not None:
+        root = Path.cwd()
+    else:
+        root = Path(workflow.basedir) / Path(config["run_dir"]).expanduser()
+    root = root.resolve()
+    os.environ["GRADINV_RUN_ROOT"] = str(root)
+    return str(root)
+
+
+def project_file(workflow: Any, path: str) -> str:
+    """A file of the project (``workflow/claims.yaml``) as a rule's input: its path from the
+    run's folder, so that the default run (``run_dir: .``) records it as it always has."""
+    return os.path.relpath(Path(workflow.basedir) / path, Path.cwd())
+
+
 def rerun_options(configfiles: Sequence[str | Path], argv: Sequence[str] | None = None) -> str:
     """The options that choose what a run computes, as one shell string: its ``--configfile``
     overlays and its profile. A job's "Regenerate it with" hint repeats them

@@ -41,10 +41,10 @@ class Progress:
 
     @classmethod
     def for_output(cls, output: Path, fingerprint: str, every: float | None = None) -> Progress:
-        """The progress folder of the job that writes ``output`` (a path inside the project)."""
-        from gradinv.config import project_root
+        """The progress folder of the job that writes ``output`` (a path in the run's folder)."""
+        from gradinv.config import run_root
 
-        root = project_root()
+        root = run_root()
         output = Path(output).resolve()
         try:
             rel = output.relative_to(root / "results")

@@ -2,7 +2,7 @@
 # of this configuration: results/claims.csv and results/claims.md. A claim on a table this
 # configuration does not build is reported as not evaluated.
 
-CLAIMS_FILE = "workflow/claims.yaml"
+CLAIMS_FILE = pipeline.project_file(workflow, "workflow/claims.yaml")
 
 
 rule claims:

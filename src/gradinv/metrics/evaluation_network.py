@@ -275,11 +275,15 @@ def calibration(
 
 def resolve_evaluation_network(settings: MetricSettings, dataset: str) -> MetricSettings:
     """``settings`` with an empty ``evaluation_network`` replaced by ``dataset``'s own network
-    (``data/evalnet/<dataset>.pt``), as ``metrics.evaluation_network`` documents; the scoring
-    stage knows the dataset, the metric does not."""
+    (``data/evalnet/<dataset>.pt`` in the run's folder), as ``metrics.evaluation_network``
+    documents; the scoring stage knows the dataset, the metric does not. A path the settings
+    name is a file of the user's, found from the project's folder."""
+    from gradinv.config import run_root
+
     if settings.evaluation_network:
         return settings
-    return dataclasses.replace(settings, evaluation_network=evaluation_network_path(dataset))
+    own = run_root() / evaluation_network_path(dataset)
+    return dataclasses.replace(settings, evaluation_network=str(own))
 
 
 def make_command(path: str | Path) -> str:

@@ -26,7 +26,7 @@ from gradinv.models import build_model
 from gradinv.protocol import PrivateBatch, PublicMeta, ServerMessage, SharedUpdate, normalize
 from gradinv.resources import acquire_device, synchronize
 from gradinv.settings import ConfigError
-from gradinv.stages.common import client_defense, derive_seed, project_path, setup, update_lr
+from gradinv.stages.common import client_defense, derive_seed, run_path, setup, update_lr
 
 
 def victim_indices(
@@ -97,7 +97,7 @@ def public_inputs(
     """The public pool (CENSOR's directions, DCS²'s start points), normalized as model inputs,
     from the prepared data the victim was drawn from (default ``data/prepared``, where the rules
     write it); refused if it shares an image with the victim's batch."""
-    ds = load_prepared(settings["dataset"], prepared_dir or project_path("data/prepared"))
+    ds = load_prepared(settings["dataset"], prepared_dir or run_path("data/prepared"))
     if ds.sha256 != secret["data_sha256"]:
         raise RuntimeError(
             f"the prepared {settings['dataset']} differs from the one victim {victim} was drawn "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gradinv.config import REPO_ROOT, project_root
+from gradinv.config import REPO_ROOT, project_root, run_root
 from gradinv.io import sha256_json
 from gradinv.protocol import ModelSpec
 
@@ -58,12 +58,12 @@ def derive_seed(seed: int, *parts: object) -> int:
 
 
 def job_identity(out: str | Path) -> str:
-    """A job's output path relative to the project, as Snakemake writes it: what a job's seed
-    derives from, so that ``results/x``, ``./results/x`` and ``/abs/project/results/x`` give one
-    seed (a path outside the project stays as it was given)."""
+    """A job's output path relative to the run's folder, as Snakemake writes it: what a job's
+    seed derives from, so that ``results/x``, ``./results/x`` and ``/abs/run/results/x`` give one
+    seed wherever the run writes (a path outside the run's folder stays as it was given)."""
     path = Path(out)
     try:
-        return path.resolve().relative_to(project_root()).as_posix()
+        return path.resolve().relative_to(run_root()).as_posix()
     except ValueError:
         return path.as_posix()
 
@@ -137,8 +137,15 @@ def record(settings: dict[str, Any], data_sha256: str) -> dict[str, Any]:
 
 
 def project_path(path: str | Path) -> Path:
+    """A file params.yaml names for the user to supply (a paper's reference numbers)."""
     path = Path(path)
     return path if path.is_absolute() else project_root() / path
+
+
+def run_path(path: str | Path) -> Path:
+    """A file of the run: one the pipeline wrote and recorded (a victim, a reconstruction)."""
+    path = Path(path)
+    return path if path.is_absolute() else run_root() / path
 
 
 def victim_runs(files: list[Path], n: int) -> list[tuple[Path, int, dict[str, Any]]]:
@@ -168,7 +175,7 @@ def load_reconstruction(row: dict[str, Any]) -> dict[str, Any]:
     runs of several victims; ``reconstruction_index`` says which)."""
     from gradinv.io import load_tensors
 
-    return load_tensors(project_path(row["reconstruction"]))["runs"][row["reconstruction_index"]]
+    return load_tensors(run_path(row["reconstruction"]))["runs"][row["reconstruction_index"]]
 
 
 def client_defense(
@@ -191,7 +198,7 @@ def client_defense(
     cls = DEFENSES.get(kind)
     network = None
     if cls.needs_evaluation_network:
-        network = load_evaluation_network(project_path(settings["evaluation_network"]))
+        network = load_evaluation_network(run_path(settings["evaluation_network"]))
     return build_defense(
         kind,
         method_settings(block),

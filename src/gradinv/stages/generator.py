@@ -21,7 +21,7 @@ from gradinv.generators.files import fetch_weights, own_settings, save_trained
 from gradinv.io import sha256_file, sha256_json
 from gradinv.progress import Progress
 from gradinv.resources import acquire_device
-from gradinv.stages.common import derive_seed, public_split, record, setup
+from gradinv.stages.common import derive_seed, project_path, public_split, record, setup
 
 
 def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Path) -> None:
@@ -60,7 +60,11 @@ def train(settings: dict[str, Any], prepared_dir: Path, partition: Path, out: Pa
 
 
 def fetch(settings: dict[str, Any], out: Path) -> None:
-    fetch_weights(settings["generator_name"], settings["generator"], out)
+    """Put the published weights at ``out``; a relative ``local_path`` is the project's."""
+    block = dict(settings["generator"])
+    if block.get("local_path"):
+        block["local_path"] = str(project_path(Path(block["local_path"]).expanduser()))
+    fetch_weights(settings["generator_name"], block, out)
 
 
 def _draw_samples(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import chdir
 from pathlib import Path
 from typing import Any
 
+from gradinv.config import project_root
 from gradinv.data import load_prepared, prepare_dataset
 from gradinv.data.partition import (
     PartitionSettings,
@@ -16,9 +18,14 @@ from gradinv.settings import from_mapping
 
 
 def prepare(settings: dict[str, Any], raw_dir: Path, out: Path) -> None:
-    written = prepare_dataset(
-        settings["dataset"], settings["settings"], raw_dir, out.parent, settings["seed"]
-    )
+    """Prepare ``settings["dataset"]`` into ``out``. The raw data params.yaml names
+    (``data.raw_dir``, a source's folders) is the user's, read from the project's folder, while
+    ``out`` is the run's (a relative ``out`` is the run's folder, the job's working directory)."""
+    out = out.resolve()
+    with chdir(project_root()):
+        written = prepare_dataset(
+            settings["dataset"], settings["settings"], raw_dir, out.parent, settings["seed"]
+        )
     if written != out:
         raise RuntimeError(f"prepare_dataset wrote {written}, expected {out}")
 

@@ -17,7 +17,7 @@ import torch
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
 from gradinv.io import load_tensors
-from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path
+from gradinv.stages.common import first_scored_pair, load_reconstruction, run_path
 from gradinv.tables import GridEntry, reconstruction_grid, write_csv
 from gradinv.tables.figures import figure_caption
 from gradinv.tables.files import scored_runs
@@ -41,7 +41,7 @@ def run(
     pools: dict[str, torch.Tensor] = {}
     for row in scored_runs(metric_files):
         rec = load_reconstruction(row)
-        secret = load_tensors(project_path(row["victim_file"]))
+        secret = load_tensors(run_path(row["victim_file"]))
         dataset = row["dataset"]
         if dataset not in pools:
             ds = load_prepared(dataset, prepared_dir)

@@ -9,7 +9,7 @@ from typing import Any
 
 from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
-from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path
+from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path, run_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
 from gradinv.tables.files import scored_runs
@@ -199,7 +199,7 @@ def _grid(
     entries = []
     for row in scored_runs(metric_files):
         rec = load_reconstruction(row)
-        secret = load_tensors(project_path(row["victim_file"]))
+        secret = load_tensors(run_path(row["victim_file"]))
         original, reconstruction = first_scored_pair(row, rec, secret)
         attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])
         for label, attack_label in itertools.product(

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gradinv.config import project_root
+from gradinv.config import project_root, run_root
 
 ENV_EXPERIMENT = "GRADINV_TRACKING_EXPERIMENT"
 ENV_ENABLED = "GRADINV_TRACKING_ENABLED"
@@ -118,7 +118,7 @@ FAILURES = Path("results") / "logs" / "tracking-failures.log"
 
 def _report_failure(job_key: str, reason: str) -> None:
     """The science job succeeded but its MLflow run is missing: say so where the run ends."""
-    path = project_root() / FAILURES
+    path = run_root() / FAILURES
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"job": job_key, "reason": reason[:2000]}) + "\n"
     with open(path, "a") as f:  # one short O_APPEND write per job: lines never interleave
@@ -126,7 +126,7 @@ def _report_failure(job_key: str, reason: str) -> None:
 
 
 def tracking_failures() -> list[dict[str, str]]:
-    path = project_root() / FAILURES
+    path = run_root() / FAILURES
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

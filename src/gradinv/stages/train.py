@@ -26,8 +26,8 @@ from gradinv.protocol import ServerMessage, normalize
 from gradinv.resources import acquire_device
 from gradinv.stages.common import (
     derive_seed,
-    project_path,
     record,
+    run_path,
     setup,
     training_client,
     update_lr,
@@ -82,7 +82,7 @@ def run(
     defense, spec = training_client(settings, ds, step_lr)
     # Refiner's evaluation network is an input too: a retrained one must not resume this run
     network = settings.get("evaluation_network")
-    network_sha = weights_digest(project_path(network)) if network else None
+    network_sha = weights_digest(run_path(network)) if network else None
     inputs = [settings, ds.sha256, partition_sha] + ([network_sha] if network_sha else [])
     progress = Progress.for_output(summary_path, sha256_json(inputs))
     hashes: dict[str, str] = {}
