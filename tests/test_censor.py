@@ -612,9 +612,11 @@ def test_public_pool_refuses_a_missing_class_a_short_class_and_the_victims_image
 
 def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, monkeypatch):
     """CENSOR's Fig. 10 stage: each reconstruction's MSE to its original and to the nearest
-    public image, and a grid whose caption names the scale."""
+    public image, and a grid whose caption names the scale (and no overlapping text)."""
     import pandas as pd
     from PIL import Image
+
+    monkeypatch.setenv("GRADINV_FIGURE_CHECK", "strict")
 
     from gradinv.io import save_tensors, write_json
     from gradinv.stages import public

@@ -157,6 +157,46 @@ def test_a_grid_has_a_row_per_defense_and_the_originals_then_each_attack_as_colu
         assert img.width >= 2 * 32 * 4 * (1 + len(ATTACKS))
 
 
+def test_a_grid_names_each_victim_under_an_empty_tile_too_and_the_check_sees_what_is_drawn(
+    tmp_path, monkeypatch
+):
+    """CENSOR's Fig. 10 grid: one attack did not run for the last row, whose tiles are then
+    blank (axis off). Each column still names its victim below, where the caption does not cover
+    it; a label matplotlib keeps on an axis turned off is not drawn, and not counted as text."""
+    rng = np.random.default_rng(2)
+    entries = [
+        {
+            "dataset": "Patches",
+            "defense_label": LABELS[d],
+            "attack_label": LABELS[a],
+            "victim": 0,
+            "original": np.zeros((3, 32, 32)),
+            "reconstruction": rng.random((3, 32, 32)),
+        }
+        for d, a in itertools.product(["none", "censor"], ["ig", "gi"])
+        if (d, a) != ("censor", "gi")
+    ]
+    drawn = {}
+    import gradinv.tables.grid as grid
+
+    real = grid.save_figure
+    monkeypatch.setattr(
+        grid, "save_figure", lambda f, o, c: (drawn.setdefault("f", f), real(f, o, c))
+    )
+    reconstruction_grid(entries, tmp_path / "grid.png", "A caption. " * 30)  # strict: no overlap
+    fig = drawn["f"]
+    below = [t for ax in fig.axes for t in ax.texts if t.get_text() == "victim 0"]
+    assert len(below) == 3  # Original, IG, GI: the GI tile of the last row is empty
+    blank = Figure()
+    ax = blank.add_subplot()
+    ax.set_xlabel("victim 0")
+    ax.axis("off")
+    blank.text(0.5, 0.05, "victim 0, where the axis label would be")
+    assert text_overlaps(blank) == []
+    ax.axis("on")
+    assert text_overlaps(blank) != []
+
+
 def test_curves_and_tradeoffs_have_no_overlapping_text(tmp_path):
     curves = pd.DataFrame(
         [

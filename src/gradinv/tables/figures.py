@@ -80,7 +80,7 @@ def text_overlaps(fig: Figure) -> list[tuple[str, str]]:
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
-    boxes, hidden = [], _undrawn_tick_labels(fig)
+    boxes, hidden = [], _undrawn_axis_texts(fig)
     for text in fig.findobj(Text):
         if not text.get_visible() or not text.get_text().strip() or id(text) in hidden:
             continue
@@ -94,11 +94,15 @@ def text_overlaps(fig: Figure) -> list[tuple[str, str]]:
     ]
 
 
-def _undrawn_tick_labels(fig: Figure) -> set[int]:
-    """The ids of tick labels outside their axis's view: the axis keeps them but does not draw
-    them (and they do not know their axes, so they are found from the axes)."""
+def _undrawn_axis_texts(fig: Figure) -> set[int]:
+    """The ids of the axis texts matplotlib keeps but does not draw: every label of an axes
+    turned off (``ax.axis("off")``), and tick labels outside their axis's view (they do not know
+    their axes, so they are found from the axes)."""
     hidden = set()
     for ax in fig.axes:
+        if not ax.axison:
+            hidden |= {id(t) for axis in (ax.xaxis, ax.yaxis) for t in axis.findobj(Text)}
+            continue
         for index, (axis, limits) in enumerate(
             ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
         ):

@@ -130,8 +130,17 @@ def reconstruction_grid(
                     _draw(ax, image)
                 if i == 0 and k == 0:
                     ax.set_title(group or "—", fontsize=8, loc="left")
-                if i == len(rows) - 1 and victim is not None:
-                    ax.set_xlabel(f"victim {victim}", fontsize=6)
+                if i == len(rows) - 1 and victim is not None:  # drawn under an empty tile too
+                    ax.annotate(
+                        f"victim {victim}",
+                        xy=(0.5, 0),
+                        xycoords="axes fraction",
+                        xytext=(0, -3),
+                        textcoords="offset points",
+                        ha="center",
+                        va="top",
+                        fontsize=6,
+                    )
                 if g == 0 and k == 0:
                     label = row if len(shown) == 1 else f"{dataset}\n{row}"
                     ax.set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
