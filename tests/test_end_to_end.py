@@ -160,9 +160,19 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
     root = tiny_run
     run = run_folder(root, TINY)
     settings = json.dumps({"scale": "embedded", "tables": ["table1", "data_centric"]})
+    claims_file = str(root / "workflow/claims.yaml")
     proc = subprocess.run(
-        [sys.executable, "-m", "gradinv.cli", "claims", "--settings", settings],
-        cwd=root,
+        [
+            sys.executable,
+            "-m",
+            "gradinv.cli",
+            "claims",
+            "--settings",
+            settings,
+            "--claims",
+            claims_file,
+        ],
+        cwd=run,  # the run's results/, as the claims job reads them
         capture_output=True,
         text=True,
     )

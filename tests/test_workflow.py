@@ -386,9 +386,9 @@ def test_tiny_convergence_study_runs_both_loops(tmp_path):
     md = (run / "results/table6_clients.md").read_text()
     assert "SCALED-DOWN" in md and "## The official code's loop" in md
     for defense in cfg["official_loop"]["defenses"]:
-        run = root / f"results/convergence/patches/cnn3/{defense}/official"
-        assert (run / "final.pt").stat().st_size > 0
-        assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+        loop = run / f"results/convergence/patches/cnn3/{defense}/official"
+        assert (loop / "final.pt").stat().st_size > 0
+        assert json.loads((loop / "summary.json").read_text())["status"] == "ok"
     wide = Image.open(run / "results/fig7_accuracy.png").size
     assert wide[0] > 1.5 * wide[1]  # two panels side by side
 
