@@ -19,7 +19,8 @@ Snakemake imports every installed executor plugin; the SLURM plugin asks ``scont
 config`` at import, which waits about 9 s where a slurm.conf names a controller that is not
 running (this machine after the SLURM tests): that import is measured on its own line, and the
 dry run once more with a ``scontrol`` that fails at once (a shim first on PATH), as on a machine
-without SLURM or with its controller up.
+without SLURM or with its controller up. Snakemake's own floor is measured too: the dry run of a
+one-rule Snakefile that imports nothing of gradinv (with the shim).
 """
 
 from __future__ import annotations
@@ -135,6 +136,18 @@ def main() -> None:
             (shim / "scontrol").write_text("#!/bin/sh\nexit 1\n")
             (shim / "scontrol").chmod(0o755)
             no_probe = {**ENV, "PATH": f"{shim}:{ENV['PATH']}"}
+            # Snakemake alone: the dry run of a one-rule Snakefile, no gradinv in it (the floor
+            # under any workflow's dry run on this machine)
+            bare = tmp / "bare"
+            bare.mkdir()
+            (bare / "Snakefile").write_text(
+                'rule a:\n    output: "a.txt"\n    shell: "touch {output}"\n'
+            )
+            commands["snakemake -n of a one-rule Snakefile (scontrol answering at once)"] = (
+                [*SNAKEMAKE, "-n", "a.txt", "--quiet", "rules"],
+                bare,
+                no_probe,
+            )
             first: dict[str, float] = {}
             for name, (tree, env) in trees.items():
                 work = workflow_copy(tree, tmp / f"work-{name}")

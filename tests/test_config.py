@@ -424,6 +424,28 @@ def test_the_stored_method_schemas_and_facts_match_the_registries():
     )
 
 
+def test_a_checked_configuration_is_not_checked_again_and_a_changed_one_is(tmp_path, monkeypatch):
+    """The mark of a configuration that passed (its digest, with gradinv's code and schemas)
+    spares the next call the schema and the cross-checks; any other configuration is checked."""
+    import jsonschema
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    validate(copy.deepcopy(raw), checked=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1
+
+    def no_schema(*args, **kwargs):
+        raise AssertionError("the schema was checked again")
+
+    with monkeypatch.context() as m:
+        m.setattr(jsonschema, "Draft202012Validator", no_schema)
+        validate(copy.deepcopy(raw), checked=tmp_path)  # the same: the mark answers
+    broken = copy.deepcopy(raw)
+    broken["defenses"]["noise"]["std"] = -1
+    with pytest.raises(ConfigError, match="defenses.noise.std: -1 is out of range"):
+        validate(broken, checked=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1  # a refused one leaves no mark
+
+
 def test_a_dry_run_imports_no_torch_once_the_configuration_was_checked(tmp_path):
     """Every Snakemake call (-n, --lint, --report) validates the configuration and builds the
     job graph; the second call on an unchanged configuration and code loads no torch."""

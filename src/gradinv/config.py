@@ -23,7 +23,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from gradinv.config_files import read_config_file
+from gradinv.config_files import SAFE_LOADER, read_config_file
 from gradinv.settings import ConfigError, settings_schema
 from gradinv.sweeps import expand_sweeps
 
@@ -147,7 +147,7 @@ def full_schema() -> dict[str, Any]:
     (:mod:`gradinv.methods`: no torch)."""
     from gradinv.methods import stored
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = yaml.load(SCHEMA_PATH.read_text(), Loader=SAFE_LOADER)
     _no_repeats(schema)
     methods = stored()["schemas"]
     schema["properties"]["data"]["properties"]["sources"] |= {
@@ -265,9 +265,10 @@ def validate(
     Variants (``from:``) are resolved first, in place, so every consumer sees full blocks.
     The schema needs no torch (:func:`full_schema`); the cross-checks do (they ask the methods
     themselves: a model's layers, a dataset's labels). With ``checked`` (a folder) a
-    configuration whose cross-checks passed is remembered there by its digest and the digest of
-    gradinv's code, and is not cross-checked again until either changes: Snakemake validates on
-    every call (``-n``, ``--lint``, ``--report``), and only the first after a change loads torch.
+    configuration that passed the schema and the cross-checks is remembered there by its digest
+    and the digest of gradinv's code and schemas, and is not checked again until either changes:
+    Snakemake validates on every call (``-n``, ``--lint``, ``--report``), and only the first
+    after a change loads torch.
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the configuration is not a mapping of params.yaml's keys")
@@ -278,6 +279,10 @@ def validate(
             resolve_variants(config[section], section, source)
     expand_sweeps(config, source)
     check_names(config, source)  # the sweeps' points among the defenses too
+    # a configuration that passed every check below, with this very code and these schemas
+    mark = None if checked is None else checked / _checks_digest(config)
+    if mark is not None and mark.exists():
+        return config
     validator = jsonschema.Draft202012Validator(full_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
     # An if/then failure also reports the bare "kind" mismatch; the specific one says more.
@@ -285,9 +290,6 @@ def validate(
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors[:10])
         raise ConfigError(f"{source} is invalid:\n  {lines}\nFix these keys and rerun.")
-    mark = None if checked is None else checked / _checks_digest(config)
-    if mark is not None and mark.exists():
-        return config
     from gradinv.cross_checks import check_combinations, check_references  # they use this module
 
     check_references(config, source)

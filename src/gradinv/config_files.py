@@ -33,7 +33,12 @@ class ConfigFileError(ConfigError):
     """A configuration file that cannot be read as data; the message names file, place and fix."""
 
 
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+# PyYAML's safe loader, its C parser where built (5-10x faster; every dry run reads the schema,
+# params.yaml and the claims)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(SAFE_LOADER):  # type: ignore[misc,valid-type]
     """PyYAML's safe loader (its C parser where built) that also refuses a key repeated in one
     mapping."""
 

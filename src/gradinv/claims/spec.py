@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gradinv.config_files import SAFE_LOADER
 from gradinv.settings import ConfigError
 from gradinv.tables.aggregate import METRICS
 
@@ -58,7 +59,7 @@ class Claim:
 def load_claims(path: str | os.PathLike[str]) -> list[Claim]:
     """Read and validate ``claims.yaml``: every claim's keys, relation, metrics and id."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     except yaml.YAMLError as err:
         raise ClaimError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
