@@ -20,10 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-
-from gradinv.config_files import SAFE_LOADER, read_config_file
+from gradinv.config_files import read_config_file, safe_yaml
 from gradinv.settings import ConfigError, settings_schema
 from gradinv.sweeps import expand_sweeps
 
@@ -147,7 +144,7 @@ def full_schema() -> dict[str, Any]:
     (:mod:`gradinv.methods`: no torch)."""
     from gradinv.methods import stored
 
-    schema = yaml.load(SCHEMA_PATH.read_text(), Loader=SAFE_LOADER)
+    schema = safe_yaml(SCHEMA_PATH.read_text())
     _no_repeats(schema)
     methods = stored()["schemas"]
     schema["properties"]["data"]["properties"]["sources"] |= {
@@ -217,7 +214,7 @@ def check_names(config: dict[str, Any], source: str) -> None:
                 )
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def _describe(error: Any) -> str:  # a jsonschema.ValidationError
     where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
     if error.validator == "uniqueItems":
         repeated = sorted({json.dumps(x) for x in error.instance if error.instance.count(x) > 1})
@@ -283,6 +280,8 @@ def validate(
     mark = None if checked is None else checked / _checks_digest(config)
     if mark is not None and mark.exists():
         return config
+    import jsonschema  # here: a configuration checked before needs none of it
+
     validator = jsonschema.Draft202012Validator(full_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(e.path)))
     # An if/then failure also reports the bare "kind" mismatch; the specific one says more.

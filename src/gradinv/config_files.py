@@ -38,6 +38,15 @@ class ConfigFileError(ConfigError):
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def safe_yaml(text: str) -> Any:
+    """The plain values of YAML ``text``: PyYAML's safe loader, its C parser where built."""
+    loader = SAFE_LOADER(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 class _StrictLoader(SAFE_LOADER):  # type: ignore[misc,valid-type]
     """PyYAML's safe loader (its C parser where built) that also refuses a key repeated in one
     mapping."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gradinv.config_files import SAFE_LOADER
+from gradinv.config_files import safe_yaml
 from gradinv.settings import ConfigError
 from gradinv.tables.aggregate import METRICS
 
@@ -59,7 +59,7 @@ class Claim:
 def load_claims(path: str | os.PathLike[str]) -> list[Claim]:
     """Read and validate ``claims.yaml``: every claim's keys, relation, metrics and id."""
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=SAFE_LOADER)
+        data = safe_yaml(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ClaimError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
