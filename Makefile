@@ -74,5 +74,7 @@ gpu-check: env
 mlflow-ui: env
 	$$($(BIN)/gradinv mlflow-ui)
 
+# clean: the default run's results and Snakemake state; an overlay's are in its run_dir
+# (rm -rf runs/micro), its prepared data too.
 clean:
 	rm -rf results/* .snakemake && touch results/.gitkeep
