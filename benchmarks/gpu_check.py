@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from full_scale import load_config  # beside this script, in benchmarks/
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 OVERLAYS = ["workflow/configs/paper.yaml", "workflow/configs/gpu_check.yaml"]
@@ -143,13 +145,6 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_dir(overlay: str) -> str:
-    """The folder an overlay's run writes to (its ``run_dir``)."""
-    import yaml
-
-    return yaml.safe_load((ROOT / overlay).read_text())["run_dir"]
-
-
 def table_part(work: Path, cores: int, extra: list[str]) -> dict[str, Any]:
     project = copy_project(work / "project")
     log = work / "table.log"
@@ -165,7 +160,7 @@ def table_part(work: Path, cores: int, extra: list[str]) -> dict[str, Any]:
         *[str(Path(f).resolve()) for f in extra],
     ]
     rc, wall = run_logged(cmd, project, log, TIMEOUT_S["table"])
-    run = project / run_dir(OVERLAYS[-1])  # where the overlay's jobs write
+    run = project / load_config(OVERLAYS)["run_dir"]  # where the overlays' jobs write
     done = re.findall(r"(\d+) of (\d+) steps", log.read_text(errors="replace"))
     report: dict[str, Any] = {
         "command": " ".join(cmd[1:]).replace(sys.executable, "python"),
