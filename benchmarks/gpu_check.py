@@ -4,8 +4,8 @@
         [--parts table restarts censor] [--workdir results/gpu_check]
 
 One run on one GPU, three parts, one file of figures. Measured with the settings below on an
-H100 (docs/runs/2026-11-26-gpu-check-h100.md): 534 s in all, the table 438 s, the restarts 56 s,
-CENSOR 32 s; the first runs on an H200 are in docs/runs/2026-11-26-gpu-check-h200.md.
+H200 (docs/runs/2026-11-27-gpu-check-h200.md): 416 s in all, the table 343 s, the restarts 47 s,
+CENSOR 26 s; the earlier runs are docs/runs/2026-11-26-gpu-check-{h100,h200}.md.
 
 1. ``table``: the paper overlay's Table I on a thin slice, run by Snakemake as a user runs it
    (``snakemake results/table1.csv --configfile workflow/configs/paper.yaml
