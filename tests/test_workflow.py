@@ -400,7 +400,7 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "results/victims/patches/b4/victim3.pt" in out and "--distinct-labels" in out
-    assert "r0_b4/gifd/victims0-3" in out and "_b1/" not in out
+    assert "r0_b4/gifd/victims0-7" in out and "_b1/" not in out  # 8 victims, victims_per_job 8
     from gradinv.stages.capture import victim_indices
 
     labels = [0] * 5 + [1] * 5 + [2] * 5

@@ -8,7 +8,7 @@ CLAIMS_FILE = pipeline.project_file(workflow, "workflow/claims.yaml")
 rule claims:
     input:
         claims=CLAIMS_FILE,
-        results=claim_inputs(config, CLAIMS_FILE),
+        results=lambda w: claim_inputs(config, CLAIMS_FILE),  # read when the rule is needed
     output:
         csv="results/claims.csv",
         markdown="results/claims.md",
