@@ -208,8 +208,10 @@ def main() -> None:
     result = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "commit": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),  # "<commit>-dirty" when the working tree has changes
         "machine": f"{os.cpu_count()} CPUs, {sys.platform}",
         "repeats": a.repeats,
         "first_dry_run_s": {k: round(v, 3) for k, v in first.items()},
