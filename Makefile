@@ -66,8 +66,9 @@ dryrun: env
 	$(BIN)/snakemake -n results/table1.csv
 	$(BIN)/snakemake -n results/table1.csv --configfile workflow/configs/paper.yaml
 
-# One GPU, about 7 minutes (6.9 on an H200): the paper overlay's Table I on a thin slice and the GPU benchmarks
-# (benchmarks/gpu_check.py); figures in results/benchmarks/gpu_check.{json,md}. Refuses without a GPU.
+# One GPU, about 7 minutes (6.9 on an H200): the paper overlay's Table I on a thin slice and the
+# GPU benchmarks (benchmarks/gpu_check.py); figures in results/benchmarks/gpu_check.{json,md}.
+# Refuses without a GPU.
 gpu-check: env
 	$(BIN)/python benchmarks/gpu_check.py
 
