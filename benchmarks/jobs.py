@@ -38,7 +38,9 @@ class Job:
         return dict(self.wildcards)
 
 
-JOB_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) ([A-Za-z_]\w*):\s*$")
+# A job inside a group (cluster.group_cells: a cell's captures and attacks) is printed indented
+# under its group's line, its fields indented once more.
+JOB_HEADER = re.compile(r"^(\s*)(?:local)?(?:rule|checkpoint) ([A-Za-z_]\w*):\s*$")
 JOB_FIELD = re.compile(r"^\s+(\w+): (.*)$")
 STATS_ROW = re.compile(r"^([A-Za-z_]\w*)\s+(\d+)$")
 
@@ -47,6 +49,7 @@ def parse_dry_run(text: str) -> list[Job]:
     """The jobs of ``snakemake -n`` output, checked against its "Job stats" table."""
     jobs: list[Job] = []
     current: dict[str, Any] | None = None
+    indent = ""  # the current job's header's
 
     def close() -> None:
         if current is not None:
@@ -56,12 +59,12 @@ def parse_dry_run(text: str) -> list[Job]:
         header = JOB_HEADER.match(line)
         if header:
             close()
-            current = {"rule": header.group(1)}
+            indent, current = header.group(1), {"rule": header.group(2)}
             continue
         found = JOB_FIELD.match(line) if current is not None else None
-        if found:
+        if found and len(line) - len(line.lstrip()) > len(indent):
             current[found.group(1)] = found.group(2).strip()
-        elif current is not None and not line.startswith((" ", "\t")):
+        elif current is not None and not line.startswith((indent + " ", indent + "\t")):
             close()  # a timestamp, the stats table: the job's block has ended
             current = None
     close()

@@ -118,6 +118,20 @@ def test_a_real_dry_run_is_read_into_rules_outputs_and_wildcards(utility_dry_run
     assert dag.needs("results/utility.csv") == {j.jobid for j in dag.jobs}
 
 
+def test_jobs_inside_a_group_are_read_like_the_others():
+    """A cell's captures and attacks run as one group (cluster.group_cells, the default), and a
+    dry run prints them indented under the group's line."""
+    text = jobs.dry_run(["tests/configs/micro.yaml"], target="results/table1.csv")
+    assert "\n    rule attack:\n" in text  # grouped, as this test means
+    dag = jobs.Dag(jobs.parse_dry_run(text))
+    attacks = [j for j in dag.jobs if j.rule == "attack"]
+    assert attacks and all(j.benchmark.startswith("results/benchmarks/attack/") for j in attacks)
+    for job in attacks:
+        capture = dag.producer[job.input[0]]
+        assert capture.rule == "capture" and capture.w["defense"] == job.w["defense"]
+        assert job.output[0].startswith("results/attacks/") and "attack" in job.w
+
+
 def test_a_dry_run_that_loses_a_job_is_refused(utility_dry_run):
     text, _ = utility_dry_run
     block = text.index("rule train_utility:")
