@@ -441,7 +441,7 @@ def test_a_checked_configuration_is_not_checked_again_and_a_changed_one_is(tmp_p
         validate(copy.deepcopy(raw), checked=tmp_path)  # the same: the mark answers
     broken = copy.deepcopy(raw)
     broken["defenses"]["noise"]["std"] = -1
-    with pytest.raises(ConfigError, match="defenses.noise.std: -1 is out of range"):
+    with pytest.raises(ConfigError, match=r"defenses\.noise\.std: -1 is out of range"):
         validate(broken, checked=tmp_path)
     assert len(list(tmp_path.iterdir())) == 1  # a refused one leaves no mark
 
