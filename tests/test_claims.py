@@ -12,6 +12,7 @@ import yaml
 from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
 from gradinv.config import REPO_ROOT, load
 from gradinv.jobs import job_settings
+from gradinv.stats import units_to_decide
 from gradinv.table_inputs import claim_inputs, claim_tables
 
 
@@ -128,7 +129,11 @@ def test_a_claim_over_two_victims_with_a_small_gap_is_not_called_holds(tmp_path)
     two = _victims({("none", "ig", "ssim"): [0.30, 0.42], ("censor", "ig", "ssim"): [0.29, 0.41]})
     table = evaluate(_claims(tmp_path, _check()), {"t": two}, "embedded")
     assert table.loc[0, "verdict"] == "inconclusive"
-    assert "−0.01 [−∞, ∞] (n 2 victims): inconclusive" in table.loc[0, "evidence"]
+    assert (
+        "−0.01 [−∞, ∞] (n 2 victims), about 6 victims would decide it: inconclusive"
+        in (table.loc[0, "evidence"])
+    )  # the two differences are equal: the fewest victims a sign-flip interval decides with
+    assert table.loc[0, "to_decide"].startswith("about 6 victims a group")
 
 
 def test_an_interval_across_zero_is_inconclusive_and_a_mixed_claim_says_so(tmp_path):
@@ -143,8 +148,33 @@ def test_an_interval_across_zero_is_inconclusive_and_a_mixed_claim_says_so(tmp_p
     table = evaluate(_claims(tmp_path, _check()), {"t": mixed}, "embedded")
     assert table.loc[0, "verdict"] == "inconclusive"  # GGL holds, IG cannot tell
     assert (table.loc[0, "holds_groups"], table.loc[0, "inconclusive_groups"]) == (1, 1)
+    # IG's differences (mean 0, spread 0.12) are on the boundary: no number of victims decides it
+    assert "no estimate of the victims that would decide it" in table.loc[0, "evidence"]
+    assert "1 group(s) with no estimate" in table.loc[0, "to_decide"]
     half = evaluate(_claims(tmp_path, _check(expect=0.5)), {"t": mixed}, "embedded")
     assert half.loc[0, "verdict"] == "holds"  # one of the two groups is enough
+    assert half.loc[0, "to_decide"] == ""  # a decided claim needs nothing more
+
+
+def test_an_inconclusive_claim_says_how_many_victims_would_decide_it(tmp_path):
+    """8 victims a little lower under CENSOR, with a spread as large as the gap: inconclusive,
+    and the claim names the victims a group would need (the paired t-test's sample size)."""
+    gap = [-0.05, 0.02, -0.08, -0.01, -0.06, 0.03, -0.04, -0.05]  # censor − none, mean −0.03
+    frame = _victims(
+        {
+            ("none", "ig", "ssim"): [0.5] * 8,
+            ("censor", "ig", "ssim"): [0.5 + g for g in gap],
+        }
+    )
+    row = evaluate(_claims(tmp_path, _check()), {"t": frame}, "embedded").iloc[0]
+    assert row["verdict"] == "inconclusive"
+    needed = units_to_decide(gap, "less")
+    assert needed > 8
+    assert f"about {needed} victims would decide it: inconclusive" in row["evidence"]
+    assert row["to_decide"].startswith(f"about {needed} victims a group")
+    text = markdown(evaluate(_claims(tmp_path, _check()), {"t": frame}, "embedded"), "embedded")
+    assert f"What would decide it: about {needed} victims a group" in text
+    assert "0 decided (holds or fails)" in text
 
 
 def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
@@ -173,6 +203,7 @@ def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
     only_gi = _claims(tmp_path, {**check, "where": {"attack": ["gi"]}})
     gi = evaluate(only_gi, {"t": frame}, "embedded", undefended=frame).iloc[0]
     assert gi["verdict"] == "undecidable"
+    assert gi["to_decide"].startswith("not more victims: an attack that beats the floor")
     # the undefended runs may be another table's: the floor check looks them up there
     defended_only = frame[frame["defense"] != "none"]
     elsewhere = evaluate(only_gi, {"t": defended_only}, "embedded", undefended=frame)
@@ -403,6 +434,8 @@ def test_the_stage_writes_csv_and_markdown(tmp_path):
     assert list(table["verdict"]) == ["holds", "not evaluated"]
     assert "u_victims.csv does not exist: build it first (snakemake" in table.loc[1, "reason"]
     assert "## `a`: holds" in (results / "claims.md").read_text()
+    summary = json.loads((results / "claims_summary.json").read_text())
+    assert (summary["holds"], summary["not evaluated"], summary["decided"]) == (1, 1, 1)
 
 
 def test_every_claim_holds_on_the_papers_own_numbers():

@@ -13,6 +13,7 @@ from gradinv.stats import (
     paired_seeds,
     paired_victims,
     sign_flip_pvalue,
+    units_to_decide,
     verdict,
 )
 
@@ -103,3 +104,44 @@ def test_a_verdict_reads_the_interval_against_the_claimed_side(
 ):
     iv = Interval((low + high) / 2 if math.isfinite(low + high) else 0.0, low, high, 8, "t")
     assert verdict(iv, relation, tolerance) == expected
+
+
+def test_units_to_decide_is_the_paired_t_tests_sample_size():
+    d = [1.2, -0.8, 2.5, 0.3, 1.9, -1.1, 0.9, 2.2]  # mean 0.8875, sd about 1.32
+    n = units_to_decide(d, "greater")
+    mean, sd = np.mean(d), np.std(d, ddof=1)
+
+    def clears(k):  # the sample-size formula at k pairs, with t at k - 1 degrees of freedom
+        t = stats.t.ppf(0.975, k - 1) + stats.t.ppf(0.8, k - 1)
+        return t * sd / math.sqrt(k) <= mean
+
+    assert clears(n) and not clears(n - 1)
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    assert (z * sd / mean) ** 2 < n < (z * sd / mean) ** 2 + 5  # the normal formula, t-corrected
+    # the distance is to the relation's boundary: a tolerance moves it
+    assert units_to_decide(d, "greater", tolerance=0.5) > n
+    assert units_to_decide(d, "less", tolerance=0.0) == n  # the same boundary, 0
+    assert units_to_decide(d, "not_below", tolerance=2.0) < n  # -2 is far from 0.89
+    assert units_to_decide(d, "within", tolerance=3.0) < n
+    assert units_to_decide([0.5] * 4, "greater", minimum=6) == 6  # no spread: the minimum
+
+
+def test_units_to_decide_decides_that_often_at_the_planned_size():
+    """Samples of the planned size from a normal with the planned mean and spread decide the
+    comparison in about 80% of draws (the paired t-interval clears the boundary)."""
+    n = units_to_decide([0.0, 2.0, 1.0, 3.0, -1.0], "greater")  # mean 1, sd 1.58
+    draws = np.random.default_rng(7).normal(
+        1.0, np.std([0.0, 2.0, 1.0, 3.0, -1.0], ddof=1), (4000, n)
+    )
+    decided = [paired_seeds(x, np.zeros(n)).low > 0 for x in draws]
+    assert 0.75 < np.mean(decided) < 0.87
+    smaller = [paired_seeds(x[: n // 2], np.zeros(n // 2)).low > 0 for x in draws[:1000]]
+    assert np.mean(smaller) < 0.6  # half as many decide it far less often
+
+
+def test_units_to_decide_says_when_it_cannot_estimate():
+    assert units_to_decide([0.4], "greater") is None  # one pair: no spread
+    assert units_to_decide([-1.0, 1.0, -2.0, 2.0], "greater") is None  # the mean on the boundary
+    assert units_to_decide([-1.0, 1.0, -2.0, 2.001], "greater") is None  # beyond PLANNING_MAX
+    with pytest.raises(ValueError, match="unknown relation"):
+        units_to_decide([1.0, 2.0], "between")

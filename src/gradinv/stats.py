@@ -23,7 +23,8 @@ Three intervals, each where it fits:
   is close enough to normal for the t-interval.
 
 :func:`verdict` turns an interval into **holds**, **fails** or **inconclusive** for a relation
-(less, greater, within, not_below) and a tolerance.
+(less, greater, within, not_below) and a tolerance; for an inconclusive one,
+:func:`units_to_decide` estimates how many victims or seeds would decide it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ import numpy as np
 LEVEL = 0.95
 RESAMPLES = 10_000
 EXACT_MAX = 16  # 2^16 sign patterns enumerated; beyond, RESAMPLES random ones
+# The fewest victims a sign-flip interval can decide with: the two most extreme of the 2^n sign
+# patterns must be rarer than 1 - LEVEL (2 / 2^6 = 0.031).
+SIGN_FLIP_MIN = next(n for n in range(1, 64) if 2 / 2**n <= 1 - LEVEL)
+POWER = 0.8  # the chance of deciding that units_to_decide plans for
+PLANNING_MAX = 100_000  # beyond this many units, no estimate: the mean sits on the boundary
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,50 @@ def _t_quantile(dof: int) -> float:
     from scipy import stats
 
     return float(stats.t.ppf((1 + LEVEL) / 2, dof))
+
+
+def units_to_decide(
+    differences: Sequence[float], relation: str, tolerance: float = 0.0, minimum: int = 2
+) -> int | None:
+    """How many victims (or seeds) would decide a comparison that is inconclusive now: the
+    smallest n, at least ``minimum``, at which the 95% interval of the mean paired difference
+    would clear the nearest decision boundary of ``relation`` (see :func:`verdict`) with
+    probability :data:`POWER`, if the differences' mean and standard deviation are what this
+    sample shows. The usual sample-size formula of a paired t-test, n ≥ ((t_{0.975} + t_{0.8})
+    · s / δ)² with t at n − 1 degrees of freedom and δ the mean's distance to the boundary; the
+    sign-flip interval over victims is close to the t-interval at such n, and cannot decide
+    with fewer than :data:`SIGN_FLIP_MIN` (pass that as ``minimum``).
+
+    A planning figure, not a promise: another sample moves the mean. None where it cannot be
+    estimated: fewer than 2 differences (no spread), or a mean so close to the boundary that
+    more than :data:`PLANNING_MAX` would be needed."""
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) < 2 or not np.isfinite(d).all():
+        return None
+    mean, spread = float(d.mean()), float(d.std(ddof=1))
+    if relation == "within":
+        distance = abs(tolerance - abs(mean))
+    elif relation == "greater":
+        distance = abs(mean - tolerance)
+    elif relation in ("less", "not_below"):
+        distance = abs(mean + tolerance)
+    else:
+        raise ValueError(f"unknown relation {relation!r}")
+    if spread == 0.0:
+        return minimum if distance > 0 else None
+    if distance == 0.0:
+        return None
+    from scipy import stats
+
+    z = stats.norm.ppf((1 + LEVEL) / 2) + stats.norm.ppf(POWER)
+    n = max(minimum, 2, math.ceil((z * spread / distance) ** 2))
+    # t is wider than the normal: step up to the first n that the t-based formula accepts
+    while n <= PLANNING_MAX:
+        t = stats.t.ppf((1 + LEVEL) / 2, n - 1) + stats.t.ppf(POWER, n - 1)
+        if t * spread / math.sqrt(n) <= distance:
+            return n
+        n += 1
+    return None
 
 
 def verdict(interval: Interval, relation: str, tolerance: float = 0.0) -> str:

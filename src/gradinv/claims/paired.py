@@ -28,6 +28,13 @@ none is undecidable):
 
 A group without both values is not a group of the comparison (it is counted in the note); a
 claim with none is *not evaluated*, as is one on a table this run did not build.
+
+**What would decide it.** An inconclusive group's evidence says about how many victims (or
+seeds) would decide it (:func:`gradinv.stats.units_to_decide`: the paired sample size that
+clears the nearest boundary with 80% power at the observed mean and spread), and an
+inconclusive claim's ``to_decide`` gives the most any of its inconclusive groups needs; an
+undecidable one's says that more victims cannot help: the attack needs a budget at which it
+beats the floor without a defense.
 """
 
 from __future__ import annotations
@@ -49,7 +56,15 @@ from gradinv.claims.spec import (
     key_text,
     matches,
 )
-from gradinv.stats import Interval, paired_seeds, paired_victims, verdict
+from gradinv.stats import (
+    POWER,
+    SIGN_FLIP_MIN,
+    Interval,
+    paired_seeds,
+    paired_victims,
+    units_to_decide,
+    verdict,
+)
 from gradinv.tables.aggregate import METRICS, training_scope
 from gradinv.tables.files import JOB_KEYS
 from gradinv.tables.floor import FLOORED, UNDEFENDED, floor_check
@@ -59,6 +74,11 @@ GROUP_VERDICTS = ("holds", "fails", "inconclusive", "undecidable")
 # float32 images give (an error of one part in 2^24 is about 144 dB).
 EXACT_PSNR = 200.0
 FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
+# What would decide a claim whose every group is undecidable
+UNDECIDABLE_NEEDS = (
+    "not more victims: an attack that beats the floor without a defense (a larger attack "
+    "budget; each group gives the undefended attack's median gain over the floor)"
+)
 
 
 def evaluate_paired(
@@ -100,14 +120,14 @@ def evaluate_paired(
         )
     over = [*check.over, *(["metric"] if tidy["metric"].nunique() > 1 else [])]
     groups = list(tidy.groupby(over, sort=False, dropna=False)) if over else [((), tidy)]
-    outcomes = []  # (group key, verdict or None, text)
+    outcomes = []  # (group key, verdict or None, text, units that would decide it)
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
         group_key = dict(zip(over, key, strict=True))
         outcomes.append((group_key, *_group(claim, group_key, group, pair_on, undefended, seeds)))
-    evaluated = [o for o in outcomes if o[1] is not None]
+    evaluated = [o[:3] for o in outcomes if o[1] is not None]
     counts = {v: sum(1 for _, g, _ in evaluated if g == v) for v in GROUP_VERDICTS}
-    evidence = "; ".join(text for _, _, text in outcomes)
+    evidence = "; ".join(text for _, _, text, _ in outcomes)
     skipped = len(outcomes) - len(evaluated)
     if skipped:
         notes.append(f"{skipped} of {len(outcomes)} group(s) without both values")
@@ -119,13 +139,35 @@ def evaluate_paired(
             "every group's attack fails to beat the floor without a defense: nothing a defense "
             "could lower"
         )
-        return _result("undecidable", notes, counts, evidence)
+        return _result("undecidable", notes, counts, evidence, UNDECIDABLE_NEEDS)
     if counts["undecidable"]:
         notes.append(
             f"{counts['undecidable']} group(s) undecidable (the attack does not beat the floor "
             "without a defense), left out"
         )
-    return _result(_combine(check, decidable), notes, counts, evidence)
+    combined = _combine(check, decidable)
+    needs = [units for _, v, _, units in outcomes if v == "inconclusive"]
+    unit = "seeds" if seeds else "victims"
+    to_decide = _to_decide(needs, unit) if combined == "inconclusive" else ""
+    return _result(combined, notes, counts, evidence, to_decide)
+
+
+def _to_decide(needs: list[int | None], unit: str) -> str:
+    """What would decide an inconclusive claim: the most victims (or seeds) any of its
+    inconclusive groups needs, and how many groups have no estimate."""
+    known = [n for n in needs if n is not None]
+    parts = []
+    if known:
+        parts.append(
+            f"about {max(known)} {unit} a group (the most that any of its {len(needs)} "
+            f"inconclusive group(s) needs for {POWER:.0%} power at its observed mean and spread)"
+        )
+    if len(known) < len(needs):
+        parts.append(
+            f"{len(needs) - len(known)} group(s) with no estimate (a mean difference on the "
+            "boundary, or a single pair)"
+        )
+    return "; ".join(parts)
 
 
 def _combine(check: Check, groups: list[tuple[dict[str, Any], str]]) -> str:
@@ -158,8 +200,9 @@ def _group(
     pair_on: list[str],
     undefended: pd.DataFrame | None,
     seeds: bool,
-) -> tuple[str | None, str]:
-    """One group's verdict (None: the two sides share no victim or seed) and its evidence;
+) -> tuple[str | None, str, int | None]:
+    """One group's verdict (None: the two sides share no victim or seed), its evidence, and,
+    when inconclusive, how many victims (or seeds) would decide it (None: no estimate);
     ``seeds``: the pairs are training seeds, not victims."""
     check, name = claim.check, group_name(key)
     metric = str(group["metric"].iloc[0])
@@ -168,23 +211,37 @@ def _group(
     left = sides.get(check.left)
     missing = [n for n in [check.left, *rights] if n not in sides]
     if left is None or missing or not rights:
-        return None, f"{name}: no values for {', '.join(missing or [check.right])}"
+        return None, f"{name}: no values for {', '.join(missing or [check.right])}", None
     relation = _relation(check.relation, metric)
     floor_note = None if seeds else _floor(check, key, group, metric, undefended, rights)
     if floor_note is not None:
-        return "undecidable", f"{name}: undecidable ({floor_note})"
-    results, texts = [], []
+        return "undecidable", f"{name}: undecidable ({floor_note})", None
+    unit, minimum = ("seeds", 2) if seeds else ("victims", SIGN_FLIP_MIN)
+    results, texts, needs = [], [], []
     for right in rights:
         pairs = _pairs(left, sides[right], pair_on)
         if pairs.empty:
-            return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}"
+            return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}", None
         interval = _interval(claim, name, right, pairs, seeds)
-        results.append(verdict(interval, relation, check.tolerance))
-        texts.append(f"{check.left} − {right} {_describe(interval)}")
+        result = verdict(interval, relation, check.tolerance)
+        results.append(result)
+        text = f"{check.left} − {right} {_describe(interval)}"
+        if result == "inconclusive":
+            differences = pairs["left"] - pairs["right"]
+            needs.append(units_to_decide(differences, relation, check.tolerance, minimum))
+            text += f", {_needs_text(needs[-1], unit)}"
+        texts.append(text)
     group_verdict = (
         "fails" if "fails" in results else "holds" if set(results) == {"holds"} else "inconclusive"
     )
-    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}"
+    most = None if None in needs or not needs else max(needs)
+    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}", most
+
+
+def _needs_text(units: int | None, unit: str) -> str:
+    if units is None:
+        return f"no estimate of the {unit} that would decide it"
+    return f"about {units} {unit} would decide it"
 
 
 def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, seeds: bool) -> Interval:
@@ -310,6 +367,7 @@ def _result(
     notes: list[str],
     counts: Mapping[str, int] | None = None,
     evidence: str = "",
+    to_decide: str = "",
 ) -> dict[str, Any]:
     counts = dict(counts or {})
     return {
@@ -317,6 +375,7 @@ def _result(
         **{f"{v}_groups": counts.get(v, 0) for v in GROUP_VERDICTS},
         "evidence": evidence,
         "reason": "; ".join(notes),
+        "to_decide": to_decide,
     }
 
 

@@ -6,12 +6,13 @@ import pandas as pd
 
 from gradinv.claims.paired import EXACT_PSNR
 from gradinv.claims.verdicts import VERDICTS
-from gradinv.stats import EXACT_MAX, RESAMPLES
+from gradinv.stats import EXACT_MAX, POWER, RESAMPLES, SIGN_FLIP_MIN
 
 
 def markdown(table: pd.DataFrame, scale: str) -> str:
     """``results/claims.md``: the verdicts first, then every claim with its numbers."""
     counts = table["verdict"].value_counts()
+    decided = counts.get("holds", 0) + counts.get("fails", 0)
     lines = [
         "# The papers' claims, checked against this run",
         "",
@@ -25,16 +26,18 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         ),
         "",
         "**" + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f"** of {len(table)} "
-        "claims.",
+        f"claims: {decided} decided (holds or fails). Each claim not decided says what would "
+        "decide it.",
         "",
         "How a verdict is reached. In each group of the check (dataset, attack, metric, ...) the "
         "two sides are paired on the same victims (a defense against another on the same "
         "images, two attacks, two rounds) or, for accuracy, on the same training seeds, and the "
         "mean paired difference comes with its 95% interval: over victims the exact sign-flip "
-        "(permutation) interval, which needs 6 victims before it can exclude anything (all sign "
-        f"patterns up to {EXACT_MAX} victims, {RESAMPLES:,} seeded random ones beyond); over "
-        "seeds the paired t-interval. A group **holds** when its interval lies on the claimed "
-        "side (beyond the claim's tolerance), **fails** when it lies on the other side, and is "
+        f"(permutation) interval, which needs {SIGN_FLIP_MIN} victims before it can exclude "
+        f"anything (all sign patterns up to {EXACT_MAX} victims, {RESAMPLES:,} seeded random "
+        "ones beyond); over seeds the paired t-interval. A group **holds** when its interval "
+        "lies on the claimed side (beyond the claim's tolerance), **fails** when it lies on the "
+        "other side, and is "
         "**inconclusive** otherwise; it is **undecidable** when the attack does not beat the "
         "floor without a defense (the public split's mean image, on the median undefended "
         "victim): that attack recovered nothing a defense could lower. The claim combines its "
@@ -43,7 +46,11 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         "`only_where` holds if the named groups hold and the others fail. An exact "
         f"reconstruction's PSNR (+∞) is paired as {EXACT_PSNR:g} dB. `on the paper's numbers`: "
         "the same relation on the published cell means, where there is a published table (it "
-        "tests how the claim is encoded).",
+        "tests how the claim is encoded). *What would decide it*: for an inconclusive group, "
+        f"the victims (or seeds) at which its interval would clear the boundary with {POWER:.0%} "
+        "power if its mean and spread stayed as observed (the paired t-test's sample size: a "
+        "planning figure, not a promise); for an undecidable one, an attack budget at which the "
+        "undefended attack beats the floor.",
         "",
         "| claim | paper | source | verdict | groups: holds / fails / inconclusive / "
         "undecidable | on the paper's numbers |",
@@ -64,6 +71,8 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         lines.append(f"{r.paper}, {r.source}; checked on `{r.table}`.")
         if r.reason:
             lines += ["", f"Note: {r.reason}."]
+        if r.to_decide:
+            lines += ["", f"What would decide it: {r.to_decide}."]
         if r.evidence:
             lines += ["", *(f"- {part}" for part in str(r.evidence).split("; "))]
         lines.append("")

@@ -26,8 +26,9 @@ from gradinv.tables.render import write_csv
 
 def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir: Path) -> None:
     """Write ``claims.csv``, ``claims.md``, ``claims.html`` (the report's page) and
-    ``claims_summary.json`` (the count of each verdict, for `dvc metrics show`); a claim on
-    a table this run does not build is reported as not evaluated, never dropped."""
+    ``claims_summary.json`` (the count of each verdict and of the decided claims, holds or
+    fails, for `dvc metrics show`); a claim on a table this run does not build is reported as
+    not evaluated, never dropped."""
     claims = load_claims(claims_file)
     built = {c.check.table for c in claims} & set(settings["tables"])
     files = {table: result_file(table, results_dir) for table in built}
@@ -62,4 +63,5 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
     write_markdown_page(out_dir / "claims.html", title="The papers' claims", markdown_text=text)
     counts = table["verdict"].value_counts()
     summary = {verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}
+    summary["decided"] = summary["holds"] + summary["fails"]
     write_text(out_dir / "claims_summary.json", json.dumps(summary, indent=1) + "\n")
