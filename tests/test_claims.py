@@ -129,11 +129,10 @@ def test_a_claim_over_two_victims_with_a_small_gap_is_not_called_holds(tmp_path)
     two = _victims({("none", "ig", "ssim"): [0.30, 0.42], ("censor", "ig", "ssim"): [0.29, 0.41]})
     table = evaluate(_claims(tmp_path, _check()), {"t": two}, "embedded")
     assert table.loc[0, "verdict"] == "inconclusive"
-    assert (
-        "−0.01 [−∞, ∞] (n 2 victims), about 6 victims would decide it: inconclusive"
-        in (table.loc[0, "evidence"])
-    )  # the two differences are equal: the fewest victims a sign-flip interval decides with
-    assert table.loc[0, "to_decide"].startswith("about 6 victims a group")
+    evidence = table.loc[0, "evidence"]
+    assert "−0.01 [−∞, ∞] (n 2 victims), about 6 victims in all would decide it" in evidence
+    # the two differences are equal: the fewest victims a sign-flip interval decides with
+    assert table.loc[0, "to_decide"].startswith("about 6 victims a group in all, not 6 more")
 
 
 def test_an_interval_across_zero_is_inconclusive_and_a_mixed_claim_says_so(tmp_path):
@@ -150,7 +149,7 @@ def test_an_interval_across_zero_is_inconclusive_and_a_mixed_claim_says_so(tmp_p
     assert (table.loc[0, "holds_groups"], table.loc[0, "inconclusive_groups"]) == (1, 1)
     # IG's differences (mean 0, spread 0.12) are on the boundary: no number of victims decides it
     assert "no estimate of the victims that would decide it" in table.loc[0, "evidence"]
-    assert "1 group(s) with no estimate" in table.loc[0, "to_decide"]
+    assert table.loc[0, "to_decide"].startswith("no estimate of the victims that would decide it")
     half = evaluate(_claims(tmp_path, _check(expect=0.5)), {"t": mixed}, "embedded")
     assert half.loc[0, "verdict"] == "holds"  # one of the two groups is enough
     assert half.loc[0, "to_decide"] == ""  # a decided claim needs nothing more
@@ -168,13 +167,74 @@ def test_an_inconclusive_claim_says_how_many_victims_would_decide_it(tmp_path):
     )
     row = evaluate(_claims(tmp_path, _check()), {"t": frame}, "embedded").iloc[0]
     assert row["verdict"] == "inconclusive"
-    needed = units_to_decide(gap, "less")
-    assert needed > 8
-    assert f"about {needed} victims would decide it: inconclusive" in row["evidence"]
-    assert row["to_decide"].startswith(f"about {needed} victims a group")
+    needed = units_to_decide(gap, "less", minimum=9, sign_flip=True)
+    assert 12 < needed < 20  # mean −0.03, sd 0.037: ((1.96 + 0.84) · 0.037 / 0.03)² ≈ 12, t: more
+    assert f"about {needed} victims in all would decide it (holds at its mean)" in row["evidence"]
+    assert row["to_decide"].startswith(f"about {needed} victims a group in all")
+    assert "the claim would then hold" in row["to_decide"]
     text = markdown(evaluate(_claims(tmp_path, _check()), {"t": frame}, "embedded"), "embedded")
     assert f"What would decide it: about {needed} victims a group" in text
     assert "0 decided (holds or fails)" in text
+
+
+def test_a_claim_plans_for_the_groups_that_decide_it(tmp_path):
+    """Two inconclusive groups: GI's gap (CENSOR lower) needs about 15 victims, GGL's mean sits
+    just on the other side of the boundary and needs over a thousand. With ``expect: 0.5`` GI
+    holding decides the claim; with ``all`` it takes GGL failing; the reverse claim fails with
+    GI."""
+    small = [-0.05, 0.02, -0.08, -0.01, -0.06, 0.03, -0.04, -0.05]  # mean −0.03
+    tiny = [-0.05, 0.05, -0.04, 0.04, -0.06, 0.06, -0.03, 0.062]  # mean +0.004
+    frame = _victims(
+        {
+            ("none", "gi", "ssim"): [0.5] * 8,
+            ("censor", "gi", "ssim"): [0.5 + g for g in small],
+            ("none", "ggl", "ssim"): [0.5] * 8,
+            ("censor", "ggl", "ssim"): [0.5 + g for g in tiny],
+        }
+    )
+    gi = units_to_decide(small, "less", minimum=9, sign_flip=True)
+    ggl = units_to_decide(tiny, "less", minimum=9, sign_flip=True)
+    assert gi < 20 and ggl > 1000
+    half, both, fails = (
+        evaluate(_claims(tmp_path, c), {"t": frame}, "embedded").iloc[0]
+        for c in (_check(expect=0.5), _check(), _check(relation="greater"))
+    )
+    assert half["to_decide"].startswith(f"about {gi} victims a group")  # GI alone decides it
+    assert "would then hold" in half["to_decide"]
+    assert both["to_decide"].startswith(f"about {ggl:,} victims a group")  # GGL fails it
+    assert "would then fail" in both["to_decide"]
+    assert fails["to_decide"].startswith(f"about {gi} victims a group")  # GI fails it
+    assert "would then fail" in fails["to_decide"]
+
+
+def test_a_plan_counts_more_victims_than_the_comparison_has(tmp_path):
+    """Six victims, five far above the boundary and one just below: the t-formula alone would
+    say 6, which is what the group has; the plan never asks for fewer than one more."""
+    frame = _victims(
+        {
+            ("none", "ig", "ssim"): [0.1] * 6,
+            ("censor", "ig", "ssim"): [0.4, 0.4, 0.4, 0.4, 0.4, 0.099],
+        }
+    )
+    row = evaluate(_claims(tmp_path, _check(relation="greater")), {"t": frame}, "embedded")
+    assert row.loc[0, "verdict"] == "inconclusive"
+    assert "about 7 victims in all would decide it" in row.loc[0, "evidence"]
+
+
+def test_a_tolerance_moves_the_boundary_a_plan_aims_at(tmp_path):
+    """CENSOR lowers SSIM by about 0.2 on every victim: that holds with no tolerance, and with a
+    tolerance of 0.18 the interval straddles the boundary, so the plan aims at −0.18."""
+    gap = [-0.22, -0.17, -0.25, -0.19, -0.21, -0.16, -0.23, -0.2]  # mean −0.204
+    frame = _victims(
+        {("none", "ig", "ssim"): [0.5] * 8, ("censor", "ig", "ssim"): [0.5 + g for g in gap]}
+    )
+    plain = evaluate(_claims(tmp_path, _check()), {"t": frame}, "embedded").iloc[0]
+    assert plain["verdict"] == "holds" and plain["to_decide"] == ""
+    row = evaluate(_claims(tmp_path, _check(tolerance=0.18)), {"t": frame}, "embedded").iloc[0]
+    assert row["verdict"] == "inconclusive"
+    expected = units_to_decide(gap, "less", tolerance=0.18, minimum=9, sign_flip=True)
+    assert expected == units_to_decide([-g - 0.18 for g in gap], "greater", minimum=9)
+    assert f"about {expected} victims in all would decide it" in row["evidence"]
 
 
 def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
@@ -203,7 +263,7 @@ def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
     only_gi = _claims(tmp_path, {**check, "where": {"attack": ["gi"]}})
     gi = evaluate(only_gi, {"t": frame}, "embedded", undefended=frame).iloc[0]
     assert gi["verdict"] == "undecidable"
-    assert gi["to_decide"].startswith("not more victims: an attack that beats the floor")
+    assert gi["to_decide"].startswith("a stronger attack rather than more victims")
     # the undefended runs may be another table's: the floor check looks them up there
     defended_only = frame[frame["defense"] != "none"]
     elsewhere = evaluate(only_gi, {"t": defended_only}, "embedded", undefended=frame)

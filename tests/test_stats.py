@@ -111,37 +111,75 @@ def test_units_to_decide_is_the_paired_t_tests_sample_size():
     n = units_to_decide(d, "greater")
     mean, sd = np.mean(d), np.std(d, ddof=1)
 
-    def clears(k):  # the sample-size formula at k pairs, with t at k - 1 degrees of freedom
-        t = stats.t.ppf(0.975, k - 1) + stats.t.ppf(0.8, k - 1)
-        return t * sd / math.sqrt(k) <= mean
+    def power(k):  # the one-sided power of the paired t-test at k pairs, noncentral t
+        return stats.nct.sf(stats.t.ppf(0.975, k - 1), k - 1, math.sqrt(k) * mean / sd)
 
-    assert clears(n) and not clears(n - 1)
+    assert power(n) >= 0.8 > power(n - 1)
     z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
     assert (z * sd / mean) ** 2 < n < (z * sd / mean) ** 2 + 5  # the normal formula, t-corrected
-    # the distance is to the relation's boundary: a tolerance moves it
-    assert units_to_decide(d, "greater", tolerance=0.5) > n
-    assert units_to_decide(d, "less", tolerance=0.0) == n  # the same boundary, 0
-    assert units_to_decide(d, "not_below", tolerance=2.0) < n  # -2 is far from 0.89
-    assert units_to_decide(d, "within", tolerance=3.0) < n
-    assert units_to_decide([0.5] * 4, "greater", minimum=6) == 6  # no spread: the minimum
+    assert units_to_decide(d, "greater", minimum=40) == 40
 
 
-def test_units_to_decide_decides_that_often_at_the_planned_size():
-    """Samples of the planned size from a normal with the planned mean and spread decide the
+def test_units_to_decide_aims_at_each_relations_boundary():
+    """The boundary of :func:`verdict`: +tolerance for greater, -tolerance for less and
+    not_below, the nearer edge of [-tolerance, tolerance] for within."""
+    d = np.array([1.2, -0.8, 2.5, 0.3, 1.9, -1.1, 0.9, 2.2])
+    n = units_to_decide(d, "greater")
+    assert units_to_decide(-d, "less") == n  # the mirror image
+    assert units_to_decide(-d, "less", tolerance=0.5) == units_to_decide(d, "greater", 0.5) > n
+    assert units_to_decide(d, "not_below", tolerance=2.0) == units_to_decide(d + 2.0, "greater")
+    assert units_to_decide(d, "greater", tolerance=-2.0) == units_to_decide(d + 2.0, "greater")
+    # within, the mean outside the tolerance: one boundary, |mean| - tolerance away
+    assert units_to_decide(d, "within", tolerance=0.3) == units_to_decide(d - 0.3, "greater")
+    # within, the mean inside: the interval must fit between both edges, harder than one
+    centred = d - d.mean() + 0.1
+    inside = units_to_decide(centred, "within", tolerance=1.5)
+    assert inside > units_to_decide(centred - 1.5, "less")
+
+
+@pytest.mark.parametrize(
+    ("d", "relation", "tolerance"),
+    [
+        ([0.0, 2.0, 1.0, 3.0, -1.0], "greater", 0.0),  # mean 1, sd 1.58
+        ([0.3, -0.9, 1.1, -0.2, 0.4], "within", 1.0),  # mean 0.14 inside: both edges
+    ],
+)
+def test_units_to_decide_decides_that_often_at_the_planned_size(d, relation, tolerance):
+    """Samples of the planned size from a normal with the observed mean and spread decide the
     comparison in about 80% of draws (the paired t-interval clears the boundary)."""
-    n = units_to_decide([0.0, 2.0, 1.0, 3.0, -1.0], "greater")  # mean 1, sd 1.58
-    draws = np.random.default_rng(7).normal(
-        1.0, np.std([0.0, 2.0, 1.0, 3.0, -1.0], ddof=1), (4000, n)
-    )
-    decided = [paired_seeds(x, np.zeros(n)).low > 0 for x in draws]
-    assert 0.75 < np.mean(decided) < 0.87
-    smaller = [paired_seeds(x[: n // 2], np.zeros(n // 2)).low > 0 for x in draws[:1000]]
-    assert np.mean(smaller) < 0.6  # half as many decide it far less often
+    n = units_to_decide(d, relation, tolerance)
+    draws = np.random.default_rng(7).normal(np.mean(d), np.std(d, ddof=1), (3000, n))
+    decided = [verdict(paired_seeds(x, np.zeros(n)), relation, tolerance) for x in draws]
+    assert 0.76 < np.mean([v != "inconclusive" for v in decided]) < 0.86
+    fewer = [
+        verdict(paired_seeds(x[: n // 2], np.zeros(n // 2)), relation, tolerance)
+        for x in draws[:1000]
+    ]
+    assert np.mean([v != "inconclusive" for v in fewer]) < 0.6  # half as many: far less often
+
+
+def test_units_to_decide_at_the_fewest_victims_a_sign_flip_interval_decides_with():
+    """At 6 victims the sign-flip interval decides only when all six differences lie beyond the
+    boundary: a chance of Φ(δ/s)^6, lower than the t-test's power there."""
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.0, 1.0, 4)
+    d = (d - d.mean()) / d.std(ddof=1)  # mean 0, sd 1: shifted below
+    assert units_to_decide(d + 1.6, "greater", minimum=6) == 6  # the t-test's power suffices
+    assert stats.norm.cdf(1.6) ** 6 < 0.8
+    assert units_to_decide(d + 1.6, "greater", minimum=6, sign_flip=True) == 7
+    assert stats.norm.cdf(2.5) ** 6 >= 0.8
+    assert units_to_decide(d + 2.5, "greater", minimum=6, sign_flip=True) == 6
 
 
 def test_units_to_decide_says_when_it_cannot_estimate():
     assert units_to_decide([0.4], "greater") is None  # one pair: no spread
     assert units_to_decide([-1.0, 1.0, -2.0, 2.0], "greater") is None  # the mean on the boundary
-    assert units_to_decide([-1.0, 1.0, -2.0, 2.001], "greater") is None  # beyond PLANNING_MAX
+    assert units_to_decide([-1.0, 1.0, -2.0, 2.01], "greater") is None  # beyond PLANNING_MAX
+    assert units_to_decide([1.0, -1.0, 1e-160], "greater") is None  # no overflow either
+    # no spread: the minimum, unless the mean sits on a boundary the relation excludes
+    assert units_to_decide([0.5] * 4, "greater", minimum=6) == 6
+    assert units_to_decide([0.0] * 4, "greater") is None
+    assert units_to_decide([0.0] * 4, "within", minimum=6) == 6  # |0| <= 0 holds
+    assert units_to_decide([-1.0] * 4, "not_below", tolerance=1.0, minimum=6) == 6
     with pytest.raises(ValueError, match="unknown relation"):
         units_to_decide([1.0, 2.0], "between")

@@ -44,7 +44,9 @@ EXACT_MAX = 16  # 2^16 sign patterns enumerated; beyond, RESAMPLES random ones
 # patterns must be rarer than 1 - LEVEL (2 / 2^6 = 0.031).
 SIGN_FLIP_MIN = next(n for n in range(1, 64) if 2 / 2**n <= 1 - LEVEL)
 POWER = 0.8  # the chance of deciding that units_to_decide plans for
-PLANNING_MAX = 100_000  # beyond this many units, no estimate: the mean sits on the boundary
+PLANNING_MAX = (
+    10_000  # beyond this many units, no estimate: the mean is practically on the boundary
+)
 
 
 @dataclass(frozen=True)
@@ -193,16 +195,23 @@ def _t_quantile(dof: int) -> float:
 
 
 def units_to_decide(
-    differences: Sequence[float], relation: str, tolerance: float = 0.0, minimum: int = 2
+    differences: Sequence[float],
+    relation: str,
+    tolerance: float = 0.0,
+    minimum: int = 2,
+    sign_flip: bool = False,
 ) -> int | None:
-    """How many victims (or seeds) would decide a comparison that is inconclusive now: the
-    smallest n, at least ``minimum``, at which the 95% interval of the mean paired difference
-    would clear the nearest decision boundary of ``relation`` (see :func:`verdict`) with
+    """How many victims (or seeds) in all would decide a comparison that is inconclusive now:
+    the smallest n, at least ``minimum``, at which the 95% interval of the mean paired
+    difference would clear a decision boundary of ``relation`` (see :func:`verdict`) with
     probability :data:`POWER`, if the differences' mean and standard deviation are what this
-    sample shows. The usual sample-size formula of a paired t-test, n ≥ ((t_{0.975} + t_{0.8})
-    · s / δ)² with t at n − 1 degrees of freedom and δ the mean's distance to the boundary; the
-    sign-flip interval over victims is close to the t-interval at such n, and cannot decide
-    with fewer than :data:`SIGN_FLIP_MIN` (pass that as ``minimum``).
+    sample shows. The power is the paired t-test's, from the noncentral t distribution: one
+    boundary (greater, less, not_below, and ``within`` where the mean lies outside the
+    tolerance), or both at once (``within`` where it lies inside: the interval must fit
+    between them). With ``sign_flip`` (the exact interval over victims) at its fewest victims,
+    :data:`SIGN_FLIP_MIN`, every difference must fall on the claimed side of the boundary, a
+    chance of Φ(δ/s)^n for differences normal around the observed mean; from one victim more
+    the t-test's power is close to the sign-flip interval's.
 
     A planning figure, not a promise: another sample moves the mean. None where it cannot be
     estimated: fewer than 2 differences (no spread), or a mean so close to the boundary that
@@ -211,29 +220,59 @@ def units_to_decide(
     if len(d) < 2 or not np.isfinite(d).all():
         return None
     mean, spread = float(d.mean()), float(d.std(ddof=1))
-    if relation == "within":
-        distance = abs(tolerance - abs(mean))
-    elif relation == "greater":
-        distance = abs(mean - tolerance)
-    elif relation in ("less", "not_below"):
-        distance = abs(mean + tolerance)
-    else:
-        raise ValueError(f"unknown relation {relation!r}")
-    if spread == 0.0:
-        return minimum if distance > 0 else None
-    if distance == 0.0:
-        return None
+    distances = _distances(mean, relation, tolerance)
+    nearest = min(distances)
+    minimum = max(minimum, 2)
+    if spread == 0.0:  # every repetition gives the same difference: decided once decidable
+        inclusive = (
+            relation in ("within", "not_below")
+            and verdict(Interval(mean, mean, mean, len(d), "t"), relation, tolerance) == "holds"
+        )
+        return minimum if nearest > 0 or inclusive else None
     from scipy import stats
 
     z = stats.norm.ppf((1 + LEVEL) / 2) + stats.norm.ppf(POWER)
-    n = max(minimum, 2, math.ceil((z * spread / distance) ** 2))
-    # t is wider than the normal: step up to the first n that the t-based formula accepts
-    while n <= PLANNING_MAX:
-        t = stats.t.ppf((1 + LEVEL) / 2, n - 1) + stats.t.ppf(POWER, n - 1)
-        if t * spread / math.sqrt(n) <= distance:
+    if nearest == 0.0 or z * spread / nearest > math.sqrt(PLANNING_MAX):
+        return None
+
+    def power(n: int) -> float:  # the paired t-test's: increasing in n
+        t = stats.t.ppf((1 + LEVEL) / 2, n - 1)
+        sides = [stats.nct.sf(t, n - 1, math.sqrt(n) * dist / spread) for dist in distances]
+        return float(sum(sides) - (len(sides) - 1))
+
+    # the normal approximation for the nearest boundary is a lower bound
+    n = max(minimum, math.ceil((z * spread / nearest) ** 2))
+    if sign_flip and n == SIGN_FLIP_MIN:
+        # all n differences beyond the boundary (for within with the mean inside, not planned)
+        if len(distances) == 1 and stats.norm.cdf(nearest / spread) ** n >= POWER:
             return n
         n += 1
-    return None
+    low, high = n, n  # double, then bisect
+    while power(high) < POWER:
+        if high > PLANNING_MAX:
+            return None
+        low, high = high + 1, 2 * high
+    while low < high:
+        middle = (low + high) // 2
+        if power(middle) >= POWER:
+            high = middle
+        else:
+            low = middle + 1
+    return high if high <= PLANNING_MAX else None
+
+
+def _distances(mean: float, relation: str, tolerance: float) -> list[float]:
+    """The mean's distance to each boundary that an interval must clear to decide the
+    relation (:func:`verdict`): one, or two for ``within`` with the mean inside."""
+    if relation == "within":
+        if abs(mean) < tolerance:
+            return [tolerance - mean, tolerance + mean]
+        return [abs(mean) - tolerance]
+    if relation == "greater":
+        return [abs(mean - tolerance)]
+    if relation in ("less", "not_below"):
+        return [abs(mean + tolerance)]
+    raise ValueError(f"unknown relation {relation!r}")
 
 
 def verdict(interval: Interval, relation: str, tolerance: float = 0.0) -> str:

@@ -29,18 +29,21 @@ none is undecidable):
 A group without both values is not a group of the comparison (it is counted in the note); a
 claim with none is *not evaluated*, as is one on a table this run did not build.
 
-**What would decide it.** An inconclusive group's evidence says about how many victims (or
-seeds) would decide it (:func:`gradinv.stats.units_to_decide`: the paired sample size that
-clears the nearest boundary with 80% power at the observed mean and spread), and an
-inconclusive claim's ``to_decide`` gives the most any of its inconclusive groups needs; an
-undecidable one's says that more victims cannot help: the attack needs a budget at which it
-beats the floor without a defense.
+**What would decide it.** An inconclusive comparison's evidence says about how many victims (or
+seeds) in all would decide it (:func:`gradinv.stats.units_to_decide`: the paired sample size
+that decides it with 80% power if its observed mean and spread held) and which way (its verdict
+at the mean). An inconclusive claim's ``to_decide`` gives the fewest victims a group at which,
+with every group that needs at most that many decided its way, the claim's combination is
+decided (for ``expect: 0.8`` that may need only some of its groups; one failing group fails an
+``all`` claim). An undecidable claim needs a stronger attack rather than more victims: a budget
+at which the undefended attack beats the floor.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -76,8 +79,8 @@ EXACT_PSNR = 200.0
 FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
 # What would decide a claim whose every group is undecidable
 UNDECIDABLE_NEEDS = (
-    "not more victims: an attack that beats the floor without a defense (a larger attack "
-    "budget; each group gives the undefended attack's median gain over the floor)"
+    "a stronger attack rather than more victims: an attack budget at which the undefended "
+    "attack beats the floor (each group gives its median gain over the floor)"
 )
 
 
@@ -120,7 +123,7 @@ def evaluate_paired(
         )
     over = [*check.over, *(["metric"] if tidy["metric"].nunique() > 1 else [])]
     groups = list(tidy.groupby(over, sort=False, dropna=False)) if over else [((), tidy)]
-    outcomes = []  # (group key, verdict or None, text, units that would decide it)
+    outcomes = []  # (group key, verdict or None, text, plan: what would decide it)
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
         group_key = dict(zip(over, key, strict=True))
@@ -146,28 +149,55 @@ def evaluate_paired(
             "without a defense), left out"
         )
     combined = _combine(check, decidable)
-    needs = [units for _, v, _, units in outcomes if v == "inconclusive"]
+    if combined != "inconclusive":
+        return _result(combined, notes, counts, evidence)
+    keys = [g for g, _ in decidable]
+    plans = [(v, plan) for _, v, _, plan in outcomes if v not in (None, "undecidable")]
+    plan = _earliest(
+        plans, lambda verdicts: _combine(check, list(zip(keys, verdicts, strict=True)))
+    )
+    return _result(combined, notes, counts, evidence, _to_decide(plan, seeds))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What would decide an inconclusive comparison, group or claim: about ``units`` victims (or
+    seeds) in all (None: no estimate), and the verdict it would then reach if the observed
+    means held (``then``)."""
+
+    units: int | None
+    then: str = "inconclusive"
+
+
+def _earliest(items: list[tuple[str, Plan | None]], combine: Callable[[list[str]], str]) -> Plan:
+    """The fewest units at which ``combine`` of the items' verdicts is decided, when each
+    inconclusive item whose plan needs at most that many reaches its planned verdict (a decided
+    item keeps its own): a claim over several groups may need only some of them decided."""
+    for units in sorted({p.units for v, p in items if v == "inconclusive" and p and p.units}):
+        then = [
+            p.then if v == "inconclusive" and p and p.units and p.units <= units else v
+            for v, p in items
+        ]
+        verdict_ = combine(then)
+        if verdict_ != "inconclusive":
+            return Plan(units, verdict_)
+    return Plan(None)
+
+
+def _to_decide(plan: Plan, seeds: bool) -> str:
+    """The claim's ``to_decide`` for its plan."""
     unit = "seeds" if seeds else "victims"
-    to_decide = _to_decide(needs, unit) if combined == "inconclusive" else ""
-    return _result(combined, notes, counts, evidence, to_decide)
-
-
-def _to_decide(needs: list[int | None], unit: str) -> str:
-    """What would decide an inconclusive claim: the most victims (or seeds) any of its
-    inconclusive groups needs, and how many groups have no estimate."""
-    known = [n for n in needs if n is not None]
-    parts = []
-    if known:
-        parts.append(
-            f"about {max(known)} {unit} a group (the most that any of its {len(needs)} "
-            f"inconclusive group(s) needs for {POWER:.0%} power at its observed mean and spread)"
+    if plan.units is None:
+        return (
+            f"no estimate of the {unit} that would decide it: a group it needs has its mean "
+            "difference practically on the boundary, or a single pair"
         )
-    if len(known) < len(needs):
-        parts.append(
-            f"{len(needs) - len(known)} group(s) with no estimate (a mean difference on the "
-            "boundary, or a single pair)"
-        )
-    return "; ".join(parts)
+    outcome = "hold" if plan.then == "holds" else "fail"
+    return (
+        f"about {plan.units:,} {unit} a group in all, not {plan.units:,} more (the groups "
+        f"that need at most that many are then decided, each with {POWER:.0%} power, if their "
+        f"observed means and spreads held; the claim would then {outcome})"
+    )
 
 
 def _combine(check: Check, groups: list[tuple[dict[str, Any], str]]) -> str:
@@ -200,10 +230,10 @@ def _group(
     pair_on: list[str],
     undefended: pd.DataFrame | None,
     seeds: bool,
-) -> tuple[str | None, str, int | None]:
+) -> tuple[str | None, str, Plan | None]:
     """One group's verdict (None: the two sides share no victim or seed), its evidence, and,
-    when inconclusive, how many victims (or seeds) would decide it (None: no estimate);
-    ``seeds``: the pairs are training seeds, not victims."""
+    when inconclusive, what would decide it; ``seeds``: the pairs are training seeds, not
+    victims."""
     check, name = claim.check, group_name(key)
     metric = str(group["metric"].iloc[0])
     sides = {str(k): g for k, g in group.groupby(check.compare, sort=False)}
@@ -216,32 +246,53 @@ def _group(
     floor_note = None if seeds else _floor(check, key, group, metric, undefended, rights)
     if floor_note is not None:
         return "undecidable", f"{name}: undecidable ({floor_note})", None
-    unit, minimum = ("seeds", 2) if seeds else ("victims", SIGN_FLIP_MIN)
-    results, texts, needs = [], [], []
+    results, texts = [], []  # (verdict, plan) of each comparison, and its text
     for right in rights:
         pairs = _pairs(left, sides[right], pair_on)
         if pairs.empty:
             return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}", None
         interval = _interval(claim, name, right, pairs, seeds)
         result = verdict(interval, relation, check.tolerance)
-        results.append(result)
         text = f"{check.left} − {right} {_describe(interval)}"
+        plan = None
         if result == "inconclusive":
-            differences = pairs["left"] - pairs["right"]
-            needs.append(units_to_decide(differences, relation, check.tolerance, minimum))
-            text += f", {_needs_text(needs[-1], unit)}"
+            plan = _plan(pairs["left"] - pairs["right"], interval, relation, check.tolerance, seeds)
+            text += f", {_plan_text(plan, seeds)}"
+        results.append((result, plan))
         texts.append(text)
-    group_verdict = (
-        "fails" if "fails" in results else "holds" if set(results) == {"holds"} else "inconclusive"
+    group_verdict = _group_verdict([v for v, _ in results])
+    plan = _earliest(results, _group_verdict) if group_verdict == "inconclusive" else None
+    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}", plan
+
+
+def _group_verdict(verdicts: list[str]) -> str:
+    """A group's verdict from its comparisons' (``right: others`` makes several)."""
+    if "fails" in verdicts:
+        return "fails"
+    return "holds" if set(verdicts) == {"holds"} else "inconclusive"
+
+
+def _plan(
+    differences: pd.Series, interval: Interval, relation: str, tolerance: float, seeds: bool
+) -> Plan:
+    """What would decide an inconclusive comparison: the victims (or seeds) in all, more than
+    it has (:func:`gradinv.stats.units_to_decide`), and the verdict at its observed mean."""
+    units = units_to_decide(
+        differences.to_numpy(float),
+        relation,
+        tolerance,
+        minimum=len(differences) + 1 if seeds else max(SIGN_FLIP_MIN, len(differences) + 1),
+        sign_flip=not seeds,
     )
-    most = None if None in needs or not needs else max(needs)
-    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}", most
+    at_mean = Interval(interval.estimate, interval.estimate, interval.estimate, 1, "mean")
+    return Plan(units, verdict(at_mean, relation, tolerance))
 
 
-def _needs_text(units: int | None, unit: str) -> str:
-    if units is None:
+def _plan_text(plan: Plan, seeds: bool) -> str:
+    unit = "seeds" if seeds else "victims"
+    if plan.units is None:
         return f"no estimate of the {unit} that would decide it"
-    return f"about {units} {unit} would decide it"
+    return f"about {plan.units:,} {unit} in all would decide it ({plan.then} at its mean)"
 
 
 def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, seeds: bool) -> Interval:

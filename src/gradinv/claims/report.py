@@ -26,8 +26,8 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         ),
         "",
         "**" + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f"** of {len(table)} "
-        f"claims: {decided} decided (holds or fails). Each claim not decided says what would "
-        "decide it.",
+        f"claims: {decided} decided (holds or fails). Each inconclusive or undecidable claim says "
+        "what would decide it.",
         "",
         "How a verdict is reached. In each group of the check (dataset, attack, metric, ...) the "
         "two sides are paired on the same victims (a defense against another on the same "
@@ -46,11 +46,12 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         "`only_where` holds if the named groups hold and the others fail. An exact "
         f"reconstruction's PSNR (+∞) is paired as {EXACT_PSNR:g} dB. `on the paper's numbers`: "
         "the same relation on the published cell means, where there is a published table (it "
-        "tests how the claim is encoded). *What would decide it*: for an inconclusive group, "
-        f"the victims (or seeds) at which its interval would clear the boundary with {POWER:.0%} "
-        "power if its mean and spread stayed as observed (the paired t-test's sample size: a "
-        "planning figure, not a promise); for an undecidable one, an attack budget at which the "
-        "undefended attack beats the floor.",
+        "tests how the claim is encoded). *What would decide it*: for an inconclusive claim, the "
+        "victims (or seeds) a group in all at which, if each group's mean and spread stayed "
+        f"as observed, the groups needing at most that many are decided ({POWER:.0%} power "
+        "each, the paired t-test's sample size: a planning figure, not a promise) and with "
+        "them the claim; for an undecidable one, an attack budget at which the undefended "
+        "attack beats the floor.",
         "",
         "| claim | paper | source | verdict | groups: holds / fails / inconclusive / "
         "undecidable | on the paper's numbers |",
