@@ -44,9 +44,8 @@ EXACT_MAX = 16  # 2^16 sign patterns enumerated; beyond, RESAMPLES random ones
 # patterns must be rarer than 1 - LEVEL (2 / 2^6 = 0.031).
 SIGN_FLIP_MIN = next(n for n in range(1, 64) if 2 / 2**n <= 1 - LEVEL)
 POWER = 0.8  # the chance of deciding that units_to_decide plans for
-PLANNING_MAX = (
-    10_000  # beyond this many units, no estimate: the mean is practically on the boundary
-)
+# Beyond this many units, no estimate: the mean is practically on the boundary
+PLANNING_MAX = 10_000
 
 
 @dataclass(frozen=True)
