@@ -1,19 +1,26 @@
 """The claims checker: each relation, each expectation, the verdicts and the errors."""
 
+import itertools
 import json
 import math
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from gradinv.claims import Claim, ClaimError, evaluate, load_claims, markdown, reference_cells
+from gradinv.claims.spec import UTILITY_KEYS, is_utility
 from gradinv.config import REPO_ROOT, load
 from gradinv.jobs import job_settings
+from gradinv.stages.utility import RUN_COLUMNS
 from gradinv.stats import units_to_decide
 from gradinv.table_inputs import claim_inputs, claim_tables
+from gradinv.tables.aggregate import training_scope
+from gradinv.tables.files import SEED_COLUMNS, VICTIM_COLUMNS
+from gradinv.tables.render import victim_values
 
 
 def _cells(values):
@@ -278,6 +285,48 @@ def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
     assert by_attack.loc[0, "verdict"] == "undecidable"  # GI, one of the two, is at the floor
 
 
+def test_the_floor_check_says_which_round_it_used_and_when_it_had_none(tmp_path):
+    """The undefended attack is looked up at the group's round, else the earliest round with
+    one, and the evidence says so; with none anywhere the group is decided unchecked, and says
+    so too."""
+    at_floor = _victims({("none", "gifd", "mse"): _around(0.2, spread=0.01)}, floor={"mse": 0.2})
+    censor = pd.concat(
+        [_victims({("censor", "gifd", "mse"): _around(0.2, spread=0.01)}, round=r) for r in (0, 9)],
+        ignore_index=True,
+    )
+    frame = pd.concat([at_floor, censor], ignore_index=True)
+    check = _check(compare="round", left=9, right=0, relation="greater", metrics=["mse"])
+    claims = _claims(tmp_path, {**check, "over": ["dataset"]})
+    row = evaluate(claims, {"t": frame}, "embedded", undefended=frame).iloc[0]
+    assert row["verdict"] == "undecidable"
+    assert (
+        "undefended gifd at round 0 (none at round 9) does not beat the floor" in (row["evidence"])
+    )
+    beats = frame.assign(mse=frame["mse"].where(frame["defense"] != "none", 0.01))
+    row = evaluate(claims, {"t": beats}, "embedded", undefended=beats).iloc[0]
+    assert "(the floor checked on undefended gifd at round 0 (none at round 9))" in row["evidence"]
+    unchecked = evaluate(claims, {"t": censor}, "embedded", undefended=censor).iloc[0]
+    assert unchecked["verdict"] != "undecidable"
+    assert "(the floor not checked: no undefended gifd run)" in unchecked["evidence"]
+
+
+def test_an_attack_success_rate_is_checked_against_the_floor_through_ssim(tmp_path):
+    """A success rate is the share of images above an SSIM threshold: an attack whose undefended
+    SSIM does not beat the floor's succeeds at nothing a defense could lower."""
+    frame = _victims(
+        {
+            ("none", "ig", "ssim"): _around(0.05, spread=0.01),
+            ("none", "ig", "attack_success"): [0.0] * 8,
+            ("cvb", "ig", "attack_success"): [0.0] * 8,
+        },
+        floor={"ssim": 0.1},
+    )
+    check = _check(metrics=["attack_success"], left="cvb", relation="less")
+    row = evaluate(_claims(tmp_path, check), {"t": frame}, "embedded", undefended=frame).iloc[0]
+    assert row["verdict"] == "undecidable"
+    assert "does not beat the floor in SSIM" in row["evidence"]
+
+
 def test_better_follows_each_metrics_arrow(tmp_path):
     # MSE: higher is better for the defender; SSIM: lower. CENSOR's GGL MSE is worse.
     claims = _claims(tmp_path, _check(metrics=["mse", "ssim"], relation="better"))
@@ -385,11 +434,19 @@ def test_claims_md_counts_the_four_verdicts_apart(tmp_path):
         _check(where={"attack": ["ig"]}, relation="greater"),
         _check(where={"attack": ["ig"]}, relation="within", tolerance=0.6),
         _check(where={"attack": ["gi"]}),
+        _check(expect=0.5),  # IG holds, GI is undecidable: it holds on IG alone
     )
     table = evaluate(claims, {"t": frame}, "embedded", undefended=frame)
-    assert list(table["verdict"]) == ["holds", "fails", "holds", "undecidable"]
+    assert list(table["verdict"]) == ["holds", "fails", "holds", "undecidable", "holds"]
     text = markdown(table, "embedded")
-    assert "**3 holds" not in text and "2 holds, 1 fails, 0 inconclusive, 1 undecidable" in text
+    assert "**3 holds, 1 fails, 0 inconclusive, 1 undecidable, 0 not evaluated**" in text
+    assert "; 1 of those that hold hold on their decidable groups only" in text
+    # each claim says how its groups combine
+    assert (
+        "checked on `t`: one group per dataset, attack (defense censor against none, paired "
+        "victim by victim); the claim holds if every decidable group holds, fails if any fails."
+    ) in text
+    assert "holds if at least 50% of the decidable groups hold, fails once" in text
 
 
 def test_a_metric_with_no_value_anywhere_is_left_out_with_a_note(tmp_path):
@@ -402,10 +459,39 @@ def test_a_metric_with_no_value_anywhere_is_left_out_with_a_note(tmp_path):
     assert only_lpips.loc[0, "verdict"] == "not evaluated"
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"where": {"colour": ["red"]}}, r"t_victims.csv has no column\(s\) \['colour'\];"),
+        (  # a table's accuracy is one value per defense and seed, the same for every attack
+            {"metrics": ["accuracy"], "where": {"attack": ["ig"]}},
+            r"t_training.csv has no column\(s\) \['attack'\] \(accuracy: one value per "
+            r"defense and seed, the same for every attack\)",
+        ),
+        ({"metrics": ["accuracy", "ssim"]}, r"\['accuracy'\] come from the training runs"),
+        ({"table": "utility", "metrics": ["accuracy"]}, r"utility_runs.csv has no column"),
+    ],
+)
+def test_a_check_on_a_column_its_file_lacks_is_refused_when_the_claims_load(
+    tmp_path, change, message
+):
+    """Caught when Snakemake builds the workflow (claim_inputs loads the claims), not by the
+    claims job at the end of a long run."""
+    with pytest.raises(ClaimError, match=message) as err:
+        _claims(tmp_path, {**_check(), **change})
+    assert "claims[0] (c0).check" in str(err.value)
+
+
 def test_a_check_on_a_column_the_table_lacks_names_it(tmp_path):
-    claims = _claims(tmp_path, _check(where={"colour": ["red"]}))
-    with pytest.raises(ClaimError, match=r"c0: t has no column\(s\) \['colour'\]"):
-        evaluate(claims, {"t": VICTIMS}, "embedded")
+    claims = _claims(tmp_path, _check(over=["dataset", "model"]))
+    with pytest.raises(ClaimError, match=r"c0: t has no column\(s\) \['model'\]"):
+        evaluate(claims, {"t": VICTIMS.drop(columns="model")}, "embedded")
+
+
+def test_the_keys_a_claim_may_name_are_the_columns_the_stages_write():
+    assert set(UTILITY_KEYS) <= set(RUN_COLUMNS)
+    victims = victim_values(VICTIMS.assign(attack_label="IG"), ["ssim"])
+    assert list(victims.columns[: len(VICTIM_COLUMNS)]) == list(VICTIM_COLUMNS)
 
 
 def test_rounds_are_paired_victim_by_victim(tmp_path):
@@ -567,3 +653,47 @@ def test_a_claim_on_a_tables_accuracy_pairs_its_training_seeds(tmp_path):
     assert "patches/vit: cvb − none −6 [−6, −6] (n 3 seeds): fails" in row["evidence"]
     missing = evaluate(_claims(tmp_path, check), {"t": VICTIMS}, "embedded")
     assert missing.loc[0, "verdict"] == "not evaluated"
+
+
+def _files_in_the_stages_layout(claim):
+    """Per-victim values (or a study's runs) and training values for ``claim``'s check, in the
+    columns the stages write: its two sides (a third value for ``others``) in each selected
+    group, 8 victims or 3 seeds, each value drawn at random."""
+    check = claim.check
+    rng = np.random.default_rng(len(claim.id))
+    base = {"dataset": "patches", "model": "cnn3", "attack": "ig", "round": 0, "batch_size": 1}
+    selected = {c: list(vs) for c, vs in {**check.where, **check.only_where}.items()}
+    sides = [check.left, "other" if check.right == "others" else check.right]
+    if check.right == "others":
+        sides += [v for v in check.where.get(check.compare, ()) if v != check.left][:1]
+    groups = [dict(zip(selected, vs, strict=True)) for vs in itertools.product(*selected.values())]
+    seeded = is_utility(check.table) or all(training_scope(m) for m in check.metrics)
+    metrics = list(check.metrics or ["accuracy"])
+    rows = []
+    for group, side, unit in itertools.product(groups, sides, range(3 if seeded else 8)):
+        keys = {**base, **group, check.compare: side}
+        values = {m: float(rng.uniform(0.1, 0.9)) for m in metrics}
+        if seeded:
+            columns = UTILITY_KEYS if is_utility(check.table) else SEED_COLUMNS
+            row = {c: keys.get(c, "x") for c in columns} | {"seed": unit, "status": "ok"}
+        else:
+            row = {c: keys.get(c) for c in VICTIM_COLUMNS} | {"victim": unit, "status": "ok"}
+            values |= {f"floor_{m}": 0.0 for m in metrics}
+        rows.append(row | values)
+    frame = pd.DataFrame.from_records(rows)
+    if seeded and not is_utility(check.table):
+        return pd.DataFrame(columns=list(VICTIM_COLUMNS)), frame
+    return frame, None
+
+
+def test_every_project_claim_is_evaluated_on_files_in_the_stages_layout():
+    """Each claim of workflow/claims.yaml, on values in the columns the table and utility stages
+    write, gets a verdict: none stops the claims job at the end of a long run, none finds
+    nothing to compare."""
+    claims = load_claims(REPO_ROOT / "workflow/claims.yaml")
+    for claim in claims:
+        frame, training = _files_in_the_stages_layout(claim)
+        table = claim.check.table
+        seeds = {} if training is None else {table: training}
+        row = evaluate([claim], {table: frame}, "embedded", training=seeds).iloc[0]
+        assert row["verdict"] in ("holds", "fails", "inconclusive"), (claim.id, row["reason"])

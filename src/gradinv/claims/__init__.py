@@ -6,7 +6,8 @@ relation between two values of one column of a result, in every group of it. For
 column's ``censor`` and ``none`` values of Table I's SSIM, grouped by dataset and attack::
 
     check:
-      table: table1          # results/table1_victims.csv (or "utility": results/utility.csv)
+      table: table1          # results/table1_victims.csv (accuracy, PMM: table1_training.csv;
+                             # "utility": results/utility_runs.csv)
       metrics: [ssim]
       compare: defense       # the column whose two values are compared ...
       left: censor
@@ -20,6 +21,11 @@ column's ``censor`` and ``none`` values of Table I's SSIM, grouped by dataset an
 lower SSIM is). What must hold across groups is ``expect``: ``all`` (the default), a fraction
 (``0.8``: "in almost all cases"), or ``only_where`` (the relation holds in the groups matching
 it and in no other: "Soteria beats CENSOR only against IG and GI").
+
+``compare``, ``over``, ``where`` and ``only_where`` name columns of the file the check reads
+(:mod:`gradinv.claims.spec` refuses any other when the claims load, as Snakemake builds the
+workflow). A table's accuracy and PMM come from its defenses' training runs, one value per
+defense and seed, the same for every attack: a check on them names no attack or victim.
 
 On this run a claim is decided by **paired comparisons** (:mod:`gradinv.claims.paired`): in
 each group the two sides are paired on the same victims (or, for accuracy, the same training

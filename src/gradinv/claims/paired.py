@@ -14,7 +14,9 @@ only if every one holds, fails if any fails.
 split's mean image, :mod:`gradinv.tables.floor`) on the median undefended victim is
 *undecidable*: that attack recovered nothing a defense could take away. The undefended run is
 looked up with the same dataset, model, attack, round and batch size, in this table or any
-other (a round without one falls back to the earliest round with one, and the note says so).
+other; a round without one falls back to the earliest round with one, and a group with none
+anywhere is decided without the check: the group's evidence says either. A metric the floor
+does not score is checked through the one it derives from (attack success: SSIM).
 
 **How the groups combine** into the claim's verdict, over the decidable groups (a claim with
 none is undecidable):
@@ -77,6 +79,9 @@ GROUP_VERDICTS = ("holds", "fails", "inconclusive", "undecidable")
 # float32 images give (an error of one part in 2^24 is about 144 dB).
 EXACT_PSNR = 200.0
 FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
+# The floored metric a claim's metric is checked through when the floor does not score it: the
+# attack success rate is the share of a victim's images above an SSIM threshold
+FLOOR_PROXY = {"attack_success": "ssim"}
 # What would decide a claim whose every group is undecidable
 UNDECIDABLE_NEEDS = (
     "a stronger attack rather than more victims: an attack budget at which the undefended "
@@ -243,9 +248,10 @@ def _group(
     if left is None or missing or not rights:
         return None, f"{name}: no values for {', '.join(missing or [check.right])}", None
     relation = _relation(check.relation, metric)
-    floor_note = None if seeds else _floor(check, key, group, metric, undefended, rights)
+    floor_note, caveat = (None, None) if seeds else _floor(check, group, metric, undefended, rights)
+    caveat = f" ({caveat})" if caveat else ""
     if floor_note is not None:
-        return "undecidable", f"{name}: undecidable ({floor_note})", None
+        return "undecidable", f"{name}: undecidable ({floor_note}){caveat}", None
     results, texts = [], []  # (verdict, plan) of each comparison, and its text
     for right in rights:
         pairs = _pairs(left, sides[right], pair_on)
@@ -262,7 +268,7 @@ def _group(
         texts.append(text)
     group_verdict = _group_verdict([v for v, _ in results])
     plan = _earliest(results, _group_verdict) if group_verdict == "inconclusive" else None
-    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}", plan
+    return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}{caveat}", plan
 
 
 def _group_verdict(verdicts: list[str]) -> str:
@@ -317,34 +323,45 @@ def _pairs(left: pd.DataFrame, right: pd.DataFrame, pair_on: list[str]) -> pd.Da
 
 def _floor(
     check: Check,
-    key: Mapping[str, Any],
     group: pd.DataFrame,
     metric: str,
     undefended: pd.DataFrame | None,
     rights: list[str],
-) -> str | None:
+) -> tuple[str | None, str | None]:
     """Why the group is undecidable (an attack of it does not beat the floor without a
-    defense), or None."""
-    if metric not in FLOORED or undefended is None or undefended.empty:
-        return None
+    defense), or None; and what its evidence says of the check itself, or None: the round it
+    fell back to, or that no undefended run was found to check."""
+    floored = metric if metric in FLOORED else FLOOR_PROXY.get(metric)
+    if floored is None or undefended is None or undefended.empty:
+        return None, None
     sides = [check.left, *rights]
     context = {c: _single(group, c) for c in FLOOR_KEYS if c != check.compare}
     attacks = sides if check.compare == "attack" else [context.get("attack")]
     rounds = sides if check.compare == "round" else [context.get("round")]
-    failing = []
+    label = METRICS[floored].label
+    failing, caveats, seen = [], [], set()
     for attack in attacks:
         for rnd in rounds:
             cells = _undefended(undefended, {**context, "attack": attack, "round": rnd})
             if cells is None:
+                caveats.append(f"the floor not checked: no undefended {attack} run")
                 continue
-            result = floor_check(cells, metric)
+            checked = key_text(cells["round"].iloc[0])
+            if (attack, checked) in seen:  # two rounds falling back to the same cells
+                continue
+            seen.add((attack, checked))
+            at = f"round {checked}"
+            if checked != key_text(rnd):
+                at += f" (none at round {rnd})"
+            result = floor_check(cells, floored)
             if result.beats is False:
-                label = METRICS[metric].label
                 failing.append(
-                    f"undefended {attack} at round {rnd} does not beat the floor in {label} "
+                    f"undefended {attack} at {at} does not beat the floor in {label} "
                     f"(median gain {result.median_gain:+.3g}, {result.n} victims)"
                 )
-    return " | ".join(failing) or None
+            elif checked != key_text(rnd):
+                caveats.append(f"the floor checked on undefended {attack} at {at}")
+    return " | ".join(failing) or None, "; ".join(dict.fromkeys(caveats)) or None
 
 
 def _undefended(victims: pd.DataFrame, context: Mapping[str, Any]) -> pd.DataFrame | None:

@@ -13,6 +13,7 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
     """``results/claims.md``: the verdicts first, then every claim with its numbers."""
     counts = table["verdict"].value_counts()
     decided = counts.get("holds", 0) + counts.get("fails", 0)
+    partial = int(((table["verdict"] == "holds") & (table["undecidable_groups"] > 0)).sum())
     lines = [
         "# The papers' claims, checked against this run",
         "",
@@ -26,8 +27,14 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         ),
         "",
         "**" + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f"** of {len(table)} "
-        f"claims: {decided} decided (holds or fails). Each inconclusive or undecidable claim says "
-        "what would decide it.",
+        f"claims: {decided} decided (holds or fails)"
+        + (
+            f"; {partial} of those that hold hold on their decidable groups only (the others' "
+            "attack does not beat the floor without a defense: the note names them)"
+            if partial
+            else ""
+        )
+        + ". Each inconclusive or undecidable claim says what would decide it.",
         "",
         "How a verdict is reached. In each group of the check (dataset, attack, metric, ...) the "
         "two sides are paired on the same victims (a defense against another on the same "
@@ -69,7 +76,7 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
     lines.append("")
     for r in table.itertuples(index=False):
         lines += [f"## `{r.id}`: {r.verdict}", "", f"> {r.claim}", ""]
-        lines.append(f"{r.paper}, {r.source}; checked on `{r.table}`.")
+        lines.append(f"{r.paper}, {r.source}; checked on `{r.table}`: {r.combine}.")
         if r.reason:
             lines += ["", f"Note: {r.reason}."]
         if r.to_decide:

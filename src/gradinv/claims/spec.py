@@ -16,10 +16,14 @@ import yaml
 
 from gradinv.config_files import safe_yaml
 from gradinv.settings import ConfigError
-from gradinv.tables.aggregate import METRICS
+from gradinv.tables.aggregate import METRICS, training_scope
+from gradinv.tables.files import SEED_COLUMNS, VICTIM_COLUMNS
 
 RELATIONS = ("less", "greater", "better", "within", "not_below")
 UTILITY = "utility"  # the utility study's runs (utility_runs.csv); utility_<recipe>: a recipe's
+# What a check on the utility runs can compare, group and select on: their columns that are no
+# metric (stages/utility.py RUN_COLUMNS)
+UTILITY_KEYS = ("defense", "label", "seed")
 
 
 def is_utility(table: str) -> bool:
@@ -107,6 +111,7 @@ def _claim(entry: Any, where: str) -> Claim:
         raise ClaimError(f"{where}.check.expect: 'all' or a fraction in (0, 1], not {expect!r}.")
     if expect != "all" and check.get("only_where"):
         raise ClaimError(f"{where}.check: give 'expect' or 'only_where', not both.")
+    _keys_in_file(check, metrics, f"{where}.check")
     return Claim(
         id=str(entry["id"]),
         paper=str(entry["paper"]),
@@ -126,6 +131,44 @@ def _claim(entry: Any, where: str) -> Claim:
             only_where=_selection(check.get("only_where", {}), f"{where}.check.only_where"),
         ),
     )
+
+
+def _keys_in_file(check: Mapping[str, Any], metrics: tuple[str, ...], where: str) -> None:
+    """Every column the check compares, groups or selects on is one of the file it reads:
+    caught when the workflow is built, not when the claims job runs at the end of a long run.
+    A table's accuracy and PMM come from its training runs, one line per defense and seed
+    (``<table>_training.csv``): the same for every attack, round and victim of the table."""
+    table = str(check["table"])
+    seeded = [m for m in metrics if training_scope(m)]
+    if is_utility(table):
+        columns, name = UTILITY_KEYS, f"{table}_runs.csv"
+    elif seeded and len(seeded) < len(metrics):
+        raise ClaimError(
+            f"{where}.metrics: {seeded} come from the training runs and "
+            f"{[m for m in metrics if m not in seeded]} from the attacks; give each kind a "
+            "claim of its own."
+        )
+    elif seeded:
+        columns, name = SEED_COLUMNS, f"{table}_training.csv"
+    else:
+        columns, name = VICTIM_COLUMNS, f"{table}_victims.csv"
+    keys = [
+        str(check["compare"]),
+        *check.get("over", ()),
+        *check.get("where", {}),
+        *check.get("only_where", {}),
+    ]
+    absent = sorted({k for k in keys if k not in (*columns, "metric")})
+    if absent:
+        why = (
+            f" ({', '.join(seeded)}: one value per defense and seed, the same for every attack)"
+            if seeded
+            else ""
+        )
+        raise ClaimError(
+            f"{where}: {name} has no column(s) {absent}{why}; compare, over, where and "
+            f"only_where name its columns: {', '.join(columns)}."
+        )
 
 
 def _known(entry: Mapping[str, Any], keys: Iterable[str], where: str) -> None:

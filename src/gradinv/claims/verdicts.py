@@ -25,7 +25,7 @@ from gradinv.claims.spec import (
     key_text,
     matches,
 )
-from gradinv.tables.aggregate import METRICS
+from gradinv.tables.aggregate import METRICS, training_scope
 
 VERDICTS = ("holds", "fails", "inconclusive", "undecidable", "not evaluated")
 COLUMNS = (
@@ -38,6 +38,7 @@ COLUMNS = (
     "evidence",
     "reason",
     "to_decide",
+    "combine",
     "table",
     "scale",
     "paper_verdict",
@@ -107,10 +108,33 @@ def _row(claim: Claim, verdict: str, **fields: Any) -> dict[str, Any]:
         "evidence": fields.get("evidence", ""),
         "reason": fields.get("reason", ""),
         "to_decide": fields.get("to_decide", ""),
+        "combine": combination(claim.check),
         "table": claim.check.table,
         "scale": "",
         "paper_verdict": "",
     }
+
+
+def combination(check: Check) -> str:
+    """How the check's groups combine into the claim's verdict, in words (``claims.md``)."""
+    unit = "seed" if is_utility(check.table) or _on_training(check) else "victim"
+    groups = f"one group per {', '.join(check.over)}" if check.over else "one group"
+    pairs = f"{check.compare} {check.left} against {check.right}, paired {unit} by {unit}"
+    if check.only_where:
+        named = "; ".join(f"{c} {', '.join(map(str, vs))}" for c, vs in check.only_where.items())
+        rule = f"holds if it holds where {named} and fails in every other group"
+    elif check.expect == "all":
+        rule = "holds if every decidable group holds, fails if any fails"
+    else:
+        rule = (
+            f"holds if at least {float(check.expect):.0%} of the decidable groups hold, fails "
+            "once that is out of reach"
+        )
+    return f"{groups} ({pairs}); the claim {rule}"
+
+
+def _on_training(check: Check) -> bool:
+    return bool(check.metrics) and all(training_scope(m) for m in check.metrics)
 
 
 def _tidy(check: Check, frame: pd.DataFrame) -> pd.DataFrame:
@@ -127,6 +151,10 @@ def _tidy(check: Check, frame: pd.DataFrame) -> pd.DataFrame:
             value_name="value",
         )
     sub = frame[frame["metric"].isin(check.metrics)] if check.metrics else frame
+    if _on_training(check):
+        # accuracy and PMM: one value per defense, which a published table repeats under each
+        # attack (a claim on them names no attack: gradinv.claims.spec)
+        sub = sub.drop(columns=["attack"], errors="ignore").drop_duplicates()
     return sub.rename(columns={"mean": "value"})
 
 

@@ -28,6 +28,11 @@ JOB_KEYS: tuple[str, ...] = (
     "batch_size",
     "victim",
 )
+#: The columns of a table's per-victim values (``<table>_victims.csv``) before its metrics, and of
+#: its training values seed by seed (``<table>_training.csv``) before accuracy and PMM: what a
+#: claim on the table can compare, group and select on (:mod:`gradinv.claims`).
+VICTIM_COLUMNS: tuple[str, ...] = (*JOB_KEYS, "attack_label", "status")
+SEED_COLUMNS: tuple[str, ...] = ("dataset", "model", "defense", "seed")
 #: Keys every metrics file must carry (values may be null where the schema allows).
 REQUIRED_KEYS: tuple[str, ...] = (
     *JOB_KEYS,

@@ -25,6 +25,8 @@ from gradinv.tables.figures import figure_caption, sweep_figure, table_figure, t
 from gradinv.tables.files import (
     DEFAULT_METRICS,
     JOB_KEYS,
+    SEED_COLUMNS,
+    VICTIM_COLUMNS,
     collect,
     floor_column,
     unavailable_column,
@@ -116,10 +118,6 @@ def _with_shared_attacks(
         return df
     df = pd.concat([df, *copies], ignore_index=True)
     return df.sort_values(list(JOB_KEYS), kind="stable", ignore_index=True)
-
-
-VICTIM_COLUMNS = (*JOB_KEYS, "attack_label", "status")
-SEED_COLUMNS = ("dataset", "model", "defense", "seed")
 
 
 def seed_values(
