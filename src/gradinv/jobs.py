@@ -26,7 +26,7 @@ from gradinv.cross_checks import attack_generator
 from gradinv.methods import fact
 from gradinv.paths import evaluation_network_path, generator_path
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
-from gradinv.table_inputs import COMMON, claim_tables, table_utility_runs
+from gradinv.table_inputs import COMMON, claim_tables, scored_on, table_utility_runs
 
 
 def attack_block(
@@ -367,6 +367,12 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
             "threat_model": config["threat_model"],
         }
+        # a table with DCS² scores its other defenses on DCS²'s sensitive samples (absent: the
+        # whole batch, and the settings of every other score job stay as they were)
+        cell = (w["dataset"], w["model"], w["defense"], w["round"], w["bs"], w["attack"])
+        on = scored_on(config, cell)
+        if on is not None:
+            out["scored_on"] = on
     elif stage == "table":
         table = config["tables"][w["table"]]
         if table_utility_runs(config, w["table"]):  # the table shows accuracy or PMM

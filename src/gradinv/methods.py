@@ -29,7 +29,7 @@ STOCHASTIC = "@stochastic"
 # decides from its settings (then the method itself is asked: :func:`fact` returns None).
 FACTS: dict[str, tuple[str, ...]] = {
     "attacks": ("generative", "server", "modification_fields"),
-    "defenses": ("needs_evaluation_network", "randomized", "architectural"),
+    "defenses": ("needs_evaluation_network", "randomized", "architectural", "protects_samples_by"),
     "generators": ("trainable",),
 }
 

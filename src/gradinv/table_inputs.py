@@ -6,11 +6,15 @@ with these.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from gradinv.adaptive import attack_runs
 from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.methods import fact
+from gradinv.sensitive import whole_batch
+from gradinv.settings import ConfigError
 from gradinv.sweeps import table_runs
 
 TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
@@ -59,6 +63,89 @@ def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
         for a in attacks[run]
         for v in range(table_victims(config, table))
     ]
+
+
+def scored_on(config: dict[str, Any], cell: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The samples of each victim's batch that the score job of ``cell`` (dataset, model, run,
+    round, batch size, attack run) scores: None, the whole batch (or, for a defense that
+    protects some samples only, those: its capture says which); else the defense of the tables
+    reading the cell that protects some samples only (DCS²), ``{"defense", "kind", "rule"}``
+    (``rule``: its settings that say which, :func:`gradinv.sensitive.sensitive_samples`), where
+    they are not every sample. A table compares its defenses on the same images,
+    so its other defenses are scored on the samples that one protects."""
+    return _scored_cells(config).get(tuple(str(k) for k in cell))
+
+
+_SCORED: dict[int, tuple[dict[str, Any], dict[tuple[str, ...], dict[str, Any] | None]]] = {}
+
+
+def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any] | None]:
+    """:func:`scored_on` for the cells of the tables with a defense that protects some samples
+    only and of any table reading the same runs (those of no other table are scored whole),
+    computed once per config; a table whose defenses protect different samples, or a cell two
+    tables would score differently, is a ``ConfigError`` naming them and the fix."""
+    cached = _SCORED.get(id(config))
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    tables: dict[str, tuple[dict[str, Any] | None, set[str]]] = {}
+    for table in config["tables"]:
+        protecting = {}
+        for run in table_runs(config, table):
+            block = config["defenses"][run]
+            fields = fact("defenses", block["kind"], "protects_samples_by") or ()
+            if fields:
+                rule = {f: block[f] for f in fields if f in block}
+                protecting[run] = {"defense": run, "kind": block["kind"], "rule": rule}
+        rules = {_rule_text(p) for p in protecting.values()}
+        if len(rules) > 1:
+            raise ConfigError(
+                f"tables.{table}: its defenses {', '.join(protecting)} protect different samples "
+                f"of a batch ({'; '.join(sorted(rules))}), and a table compares its defenses on "
+                "the same images: give them the same settings, or put them in tables of their own"
+            )
+        on = next(iter(protecting.values()), None)
+        if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
+            on = None  # it protects every sample: the whole batch (one image of one)
+        tables[table] = (on, set(protecting))
+    # the runs (without attacks: an adaptive attack's runs may need a defense's class, torch)
+    # that some table scores on fewer samples
+    partial = {r for t, (on, _) in tables.items() if on is not None for r in _runs(config, t)}
+    cells: dict[tuple[str, ...], tuple[str, dict[str, Any] | None]] = {}
+    for table, (on_table, protecting) in tables.items():
+        if on_table is None and not partial & _runs(config, table):
+            continue
+        for d, m, run, r, bs, a, _ in _table_runs(config, table):
+            key = tuple(str(k) for k in (d, m, run, r, bs, a))
+            on = None if run in protecting else on_table
+            if key in cells and _rule_text(cells[key][1]) != _rule_text(on):
+                other, before = cells[key]
+                raise ConfigError(
+                    f"tables {other} and {table} both read the runs of {'/'.join(key)} but score "
+                    f"them on different samples ({_rule_text(before)}; {_rule_text(on)}): give "
+                    "one of them another batch_size, so that each reads runs of its own"
+                )
+            cells.setdefault(key, (table, on))
+    mapping = {key: on for key, (_, on) in cells.items()}
+    _SCORED[id(config)] = (config, mapping)
+    return mapping
+
+
+def _runs(config: dict[str, Any], table: str) -> set[tuple[str, ...]]:
+    """The (dataset, model, run, round, batch size) whose runs ``table`` reads."""
+    spec, bs = config["tables"][table], table_batch_size(config, table)
+    return {
+        tuple(str(k) for k in (d, m, run, r, bs))
+        for d in spec["datasets"]
+        for m in table_models(config, table)
+        for run in table_runs(config, table)
+        for r in table_rounds(config, table)
+    }
+
+
+def _rule_text(on: dict[str, Any] | None) -> str:
+    if on is None:
+        return "the whole batch"
+    return f"the samples {on['kind']} protects under {json.dumps(on['rule'], sort_keys=True)}"
 
 
 def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:

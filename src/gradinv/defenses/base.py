@@ -88,6 +88,10 @@ class Defense:
     # True for a defense that needs Refiner's evaluation network (the noise-ratio predictor,
     # gradinv.metrics.evaluation_network): the stages then load the dataset's network and pass it.
     needs_evaluation_network: ClassVar[bool] = False
+    # The settings that say which samples of a batch the defense protects, for one that protects
+    # some only (DCS²'s sensitive samples, gradinv.sensitive): every other defense of a table
+    # with it is scored on the same samples (gradinv.table_inputs.scored_on). Empty: all of them.
+    protects_samples_by: ClassVar[tuple[str, ...]] = ()
     update_lr: float | None = None  # the client's step size, set by build_defense
     # Public (non-private) images and labels, as model inputs, for defenses that draw directions
     # or start points from them (CENSOR's source: public); set by build_defense.

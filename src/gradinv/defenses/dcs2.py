@@ -71,6 +71,7 @@ from gradinv.defenses import DEFENSES
 from gradinv.defenses.base import Defense, Gradients, LossFn, gradients_of, per_sample_gradients
 from gradinv.models import buffers_kept, classifier_layer
 from gradinv.protocol import normalize
+from gradinv.sensitive import sensitive_samples
 from gradinv.settings import bounded
 
 
@@ -109,6 +110,8 @@ class DCS2(Defense):
             0.0, ge=0.0, doc="Table 3's DCS² + Gaussian: noise of this std on the shared gradient"
         )
 
+    protects_samples_by = ("sensitive", "count", "fraction", "labels")
+
     @classmethod
     def uses_public(cls, settings: Settings) -> bool:
         return settings.start == "public"
@@ -116,11 +119,8 @@ class DCS2(Defense):
     def sensitive_indices(self, labels: Tensor) -> list[int]:
         """The batch's samples this client protects (see the module doc)."""
         s = self.settings
-        if s.sensitive == "labels":
-            return [i for i, y in enumerate(labels.tolist()) if y in s.labels]
-        if s.sensitive == "count":  # the official code's num_sen: one per batch by default
-            return list(range(min(s.count, len(labels))))
-        return list(range(math.ceil(s.fraction * len(labels) - 1e-9)))
+        rule = {"sensitive": s.sensitive, "count": s.count, "fraction": s.fraction}
+        return sensitive_samples(rule | {"labels": s.labels}, labels.tolist())
 
     def shared_batch_size(self, labels: Tensor) -> int:
         return len(labels) + self.settings.concealed * len(self.sensitive_indices(labels))

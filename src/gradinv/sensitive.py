@@ -1,0 +1,34 @@
+"""Which samples of a batch DCS² protects (its *sensitive* samples), without importing torch.
+
+DCS² (:mod:`gradinv.defenses.dcs2`) conceals some samples of a batch only, and its paper scores
+the attacks on those. A table that compares DCS² with other defenses scores every defense on
+the same samples of the same victims (:func:`gradinv.table_inputs.scored_on`), so the workflow
+(when Snakemake builds it) and the score stage need the rule as well as the defense does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def sensitive_samples(rule: Mapping[str, Any], labels: Sequence[int]) -> list[int]:
+    """The indices a batch with ``labels`` has sensitive under ``rule`` (a DCS² block's
+    ``sensitive``, with its ``count``, ``fraction`` or ``labels``): ``labels``, every sample of
+    those classes; ``count``, the first ``count`` samples (the official code's ``num_sen``);
+    ``fraction``, the first ceil(fraction x B) (a client's batch is a random draw)."""
+    kind = rule["sensitive"]
+    if kind == "labels":
+        return [i for i, y in enumerate(labels) if y in tuple(rule["labels"])]
+    if kind == "count":
+        return list(range(min(int(rule["count"]), len(labels))))
+    return list(range(math.ceil(float(rule["fraction"]) * len(labels) - 1e-9)))
+
+
+def whole_batch(rule: Mapping[str, Any], batch_size: int) -> bool:
+    """Whether ``rule`` marks every sample of any batch of ``batch_size`` sensitive (a count or
+    fraction that covers it; a rule by label never does: its classes need not be drawn)."""
+    if rule["sensitive"] == "labels":
+        return False
+    return sensitive_samples(rule, [0] * batch_size) == list(range(batch_size))

@@ -1,0 +1,120 @@
+"""A table with DCS² scores every defense on DCS²'s sensitive samples: the rule, the workflow's
+choice per score job, and the score stage."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from gradinv.config import REPO_ROOT, load, validate
+from gradinv.defenses import build_defense
+from gradinv.io import save_tensors
+from gradinv.jobs import job_settings
+from gradinv.metrics import MetricSettings
+from gradinv.sensitive import sensitive_samples, whole_batch
+from gradinv.settings import ConfigError
+from gradinv.stages.score import score_run
+
+PARAMS = load(REPO_ROOT / "params.yaml")
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"sensitive": "count", "count": 1},
+        {"sensitive": "count", "count": 3},
+        {"sensitive": "fraction", "fraction": 0.5},
+        {"sensitive": "fraction", "fraction": 0.2},
+        {"sensitive": "labels", "labels": [0, 2]},
+        {"sensitive": "labels", "labels": [7]},
+    ],
+)
+def test_the_score_stage_and_the_defense_read_the_same_rule(rule):
+    labels = [0, 1, 2, 0, 5]
+    dcs2 = build_defense("dcs2", rule, where="defenses.dcs2")
+    assert sensitive_samples(rule, labels) == dcs2.sensitive_indices(torch.tensor(labels))
+
+
+def test_a_rule_covers_the_whole_batch_only_by_count_or_fraction():
+    assert whole_batch({"sensitive": "count", "count": 1}, 1)
+    assert not whole_batch({"sensitive": "count", "count": 1}, 2)
+    assert whole_batch({"sensitive": "fraction", "fraction": 0.5}, 1)
+    assert not whole_batch({"sensitive": "labels", "labels": [0]}, 1)  # class 0 need not be drawn
+
+
+def _score_settings(config, defense, bs, attack="ig", model="lenet"):
+    w = dict(dataset="patches", model=model, defense=defense, round="0", bs=bs, attack=attack)
+    return json.loads(job_settings(config, "score", **w))
+
+
+def test_a_table_with_dcs2_scores_its_other_defenses_on_the_sensitive_samples():
+    config = validate(copy.deepcopy(PARAMS))
+    # dcs2_table1: LeNet, batches of 2, DCS² conceals the first image of each
+    for defense in ("none", "sparsi", "soteria"):
+        on = _score_settings(config, defense, "2", attack="imprint")["scored_on"]
+        assert on["defense"] == "dcs2_one" and on["rule"]["sensitive"] == "count"
+    assert "scored_on" not in _score_settings(config, "dcs2_one", "2")  # its capture says
+    # Table I has no DCS²: the whole batch, and its score jobs' settings as before
+    assert "scored_on" not in _score_settings(config, "none", "1", model="cnn3")
+
+
+def test_two_rules_in_a_table_or_two_scorings_of_a_cell_are_refused():
+    config = copy.deepcopy(PARAMS)
+    config["defenses"]["dcs2_half"] = {
+        **config["defenses"]["dcs2_one"],
+        "sensitive": "fraction",
+        "fraction": 1.0,
+    }
+    config["tables"]["dcs2_table1"]["defenses"].append("dcs2_half")
+    with pytest.raises(ConfigError, match=r"tables.dcs2_table1: its defenses dcs2_one, "):
+        _score_settings(validate(config), "none", "2")
+    config = copy.deepcopy(PARAMS)
+    config["tables"]["table1"].update(model="lenet", batch_size=2)
+    with pytest.raises(ConfigError, match=r"tables table1 and dcs2_table1 both read the runs "):
+        _score_settings(validate(config), "none", "2")
+
+
+def test_an_undefended_victim_in_a_table_with_dcs2_is_scored_on_its_sensitive_image(tmp_path):
+    """The same image on both sides of a pair: the undefended batch's first image alone (DCS²'s
+    sensitive one), matched to its best reconstruction, and the floor on it too."""
+    config = validate(copy.deepcopy(PARAMS))
+    settings = _score_settings(config, "none", "2")
+    images = torch.rand(2, 1, 8, 8)
+    victim = tmp_path / "victim0.pt"
+    save_tensors(
+        victim,
+        {
+            "images": images,
+            "labels": torch.tensor([3, 4]),
+            "mean": (0.5,),
+            "std": (0.5,),
+            "data_sha256": "0" * 64,
+        },
+    )
+    # the second reconstruction recovers the first image; the first is the second image's
+    rec = {
+        "status": "ok",
+        "failure": None,
+        "seconds": 1.0,
+        "images": torch.stack([images[1], images[0] * 0.99]),
+        "labels": torch.tensor([3, 4]),
+        "summary": {},
+    }
+    floor = torch.full((1, 8, 8), 0.5)
+    row, _, _ = score_run(
+        settings,
+        (tmp_path / "a.pt", 0, rec),
+        victim,
+        {"client": {}},
+        ["psnr"],
+        MetricSettings(),
+        "lenet",
+        0,
+        0,
+        floor,
+    )
+    assert row["scored_samples"] == [0] and row["scored_on"] == "dcs2_one"
+    assert row["matching"] == [1] and row["psnr"] > 35
+    expected = -10 * torch.log10(((images[0] - 0.5) ** 2).mean())
+    assert row["floor"]["psnr"] == pytest.approx(float(expected), rel=1e-4)
