@@ -8,8 +8,10 @@ runs before it does any work. This script measures that start-up per rule (the m
 over ``--repeats`` runs, of a process that imports the rule's stage module and exits, with one
 thread, as a job runs) and counts each rule's jobs in ``snakemake -n --forceall all`` at each of
 two commits (each checked out in a temporary git worktree and read with its own ``src`` first on
-``PYTHONPATH``), both measured in this one run on this machine. The start-up job-seconds of a
-commit are the sum over its jobs of their rule's start-up.
+``PYTHONPATH``; the start-up with that commit's code too), both measured in this one run on this
+machine. The start-up job-seconds of a commit are the sum over its jobs of their rule's
+start-up; its share counts only the jobs with a ``benchmark:`` file, those a measured run's
+job-seconds sum over (a rule without one, such as ``select_victim``, counts in neither).
 
 The share needs the job-time of ``all`` at that commit: ``--job-seconds-*`` (the sum of a
 measured run's job seconds) or ``--benchmarks-*`` (a measured run's ``results/benchmarks``
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +102,22 @@ def startup_seconds(module: str, repeats: int, src: Path, optimizer: bool = Fals
     return statistics.median(times)
 
 
-def job_counts(rev: str) -> dict[str, int]:
-    """Each rule's jobs in ``snakemake -n --forceall all`` at ``rev``, read in a worktree."""
+@dataclass
+class Side:
+    """One commit's jobs by rule (all of them, and those with a ``benchmark:`` file, the jobs
+    a measured run's job-seconds sum over) and each rule's start-up under that commit's code."""
+
+    jobs: dict[str, int]
+    benchmarked: dict[str, int]
+    startup: dict[str, float]
+
+    def seconds(self, counts: dict[str, int]) -> float:
+        return sum(self.startup.get(r, 0.0) * n for r, n in counts.items())
+
+
+def measure(rev: str, repeats: int) -> Side:
+    """``rev``'s jobs in ``snakemake -n --forceall all`` and its rules' start-up, each read
+    with ``rev``'s own code (a git worktree, its ``src`` first on ``PYTHONPATH``)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(
@@ -116,14 +133,23 @@ def job_counts(rev: str) -> dict[str, int]:
                     os.environ.pop("PYTHONPATH", None)
                 else:
                     os.environ["PYTHONPATH"] = env_src
+            rules = {job.rule for job in dag.jobs}
+            startup = {
+                r: startup_seconds(STAGES[r], repeats, tree / "src", r in OPTIMIZER_RULES)
+                for r in sorted(rules)
+                if r in STAGES
+            }
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True
             )
-    counts: dict[str, int] = {}
+    jobs: dict[str, int] = {}
+    benchmarked: dict[str, int] = {}
     for job in dag.jobs:
-        counts[job.rule] = counts.get(job.rule, 0) + 1
-    return counts
+        jobs[job.rule] = jobs.get(job.rule, 0) + 1
+        if job.benchmark:
+            benchmarked[job.rule] = benchmarked.get(job.rule, 0) + 1
+    return Side(jobs, benchmarked, startup)
 
 
 def benchmark_seconds(folder: Path) -> float:
@@ -146,27 +172,41 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--job-seconds-{side}", type=float)
         parser.add_argument(f"--benchmarks-{side}", type=Path)
     a = parser.parse_args(argv)
-    counts = {side: job_counts(getattr(a, side)) for side in ("before", "after")}
-    rules = sorted(set(counts["before"]) | set(counts["after"]))
-    startup = {
-        r: startup_seconds(STAGES[r], a.repeats, ROOT / "src", r in OPTIMIZER_RULES)
-        for r in rules
-        if r in STAGES
-    }
-    print("| rule | start-up (s, median) | jobs before | jobs after |")
-    print("|---|---:|---:|---:|")
+    sides = {side: measure(getattr(a, side), a.repeats) for side in ("before", "after")}
+    before, after = sides["before"], sides["after"]
+    rules = sorted(set(before.jobs) | set(after.jobs))
+
+    def cell(side: Side, r: str) -> str:
+        return f"{side.startup[r]:.2f}" if r in side.startup else "none (no process)"
+
+    print(
+        "| rule | start-up before (s, median) | start-up after | jobs before | jobs after "
+        "| benchmarked before | benchmarked after |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rules:
-        s = f"{startup[r]:.2f}" if r in startup else "none (no process)"
-        print(f"| {r} | {s} | {counts['before'].get(r, 0)} | {counts['after'].get(r, 0)} |")
-    for side in ("before", "after"):
-        jobs = sum(counts[side].values())
-        spent = sum(startup.get(r, 0.0) * n for r, n in counts[side].items())
-        total = getattr(a, f"job_seconds_{side}")
-        if total is None and getattr(a, f"benchmarks_{side}") is not None:
-            total = benchmark_seconds(getattr(a, f"benchmarks_{side}"))
-        share = f", {100 * spent / total:.1f}% of {total / 3600:.1f} job-hours" if total else ""
-        rev = getattr(a, side)
-        print(f"{side} ({rev}): {jobs} jobs, start-up {spent / 3600:.2f} job-hours{share}")
+        print(
+            f"| {r} | {cell(before, r)} | {cell(after, r)} | {before.jobs.get(r, 0)} | "
+            f"{after.jobs.get(r, 0)} | {before.benchmarked.get(r, 0)} | "
+            f"{after.benchmarked.get(r, 0)} |"
+        )
+    for name, side in sides.items():
+        total = getattr(a, f"job_seconds_{name}")
+        if total is None and getattr(a, f"benchmarks_{name}") is not None:
+            total = benchmark_seconds(getattr(a, f"benchmarks_{name}"))
+        spent = side.seconds(side.jobs)
+        # the share: the start-up of the jobs the job-seconds count (those with a benchmark file)
+        measured = side.seconds(side.benchmarked)
+        share = (
+            f"; the benchmarked jobs' start-up {measured / 3600:.2f} job-hours, "
+            f"{100 * measured / total:.1f}% of their {total / 3600:.1f} job-hours"
+            if total
+            else ""
+        )
+        print(
+            f"{name} ({getattr(a, name)}): {sum(side.jobs.values())} jobs, start-up "
+            f"{spent / 3600:.2f} job-hours{share}"
+        )
 
 
 if __name__ == "__main__":
