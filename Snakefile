@@ -38,6 +38,7 @@ from gradinv.table_inputs import (
     report_subcategory,
     table_score_files,
     table_utility_runs,
+    undefended_score_files,
 )
 from gradinv import cluster, pipeline
 

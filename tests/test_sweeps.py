@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gradinv.adaptive import shared_attacks
-from gradinv.config import REPO_ROOT, load, table_models, validate
+from gradinv.config import REPO_ROOT, load, table_models, table_victims, validate
 from gradinv.metrics import MetricSettings
 from gradinv.settings import ConfigError
 from gradinv.stages.frontier import draw, frontier_points
@@ -303,3 +303,17 @@ def test_an_adaptive_attack_with_nothing_to_adapt_to_reads_the_plain_attacks_run
     assert len(scores) * victims == len(files) and all(
         s.endswith(f"/v{victims}.json") for s in scores
     )
+
+
+def test_a_table_without_an_undefended_row_reads_another_tables_undefended_runs():
+    """CENSOR's EOT table shows GIFD and GIFD+EOT under CENSOR only: whether GIFD works at all is
+    Table I's undefended GIFD (against no defense EOT has nothing to average, so GIFD+EOT runs
+    as GIFD); its rounds table reads round 0's, the only round attacked undefended."""
+    from gradinv.table_inputs import undefended_score_files
+
+    config = validate(copy.deepcopy(load(REPO_ROOT / "params.yaml")))
+    n = table_victims(config, "table1")
+    gifd = f"results/metrics/patches/cnn3/none/r0_b1/gifd/v{n}.json"
+    assert undefended_score_files(config, "table3_eot") == [gifd]
+    assert undefended_score_files(config, "table5_rounds") == [gifd]
+    assert undefended_score_files(config, "table1") == []  # its own undefended row says it

@@ -30,7 +30,14 @@ from gradinv.tables.markdown import format_cell
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "workflow" / "reference" / "censor_table1.csv"
-LABELS = {"none": "No Defense", "noise": "Noise", "ig": "IG", "gi": "GI"}
+LABELS = {
+    "none": "No Defense",
+    "noise": "Noise",
+    "censor": "CENSOR",
+    "ig": "IG",
+    "gi": "GI",
+    "gifd": "GIFD",
+}
 SETTING = {
     "datasets": ["patches"],
     "image size": "16x16",
@@ -806,3 +813,37 @@ def test_each_victim_keeps_its_floor_and_each_undefended_attack_says_if_it_beats
     assert "| patches | resnet18 | 0 | GI | PSNR | -2.000 (3) | **no** |" in section
     # MSE: lower is closer, so the gain is the floor's MSE minus the attack's (0.05 - 0.02)
     assert "| patches | resnet18 | 0 | IG | MSE | +0.0300 (3) | yes |" in section
+
+
+def test_a_table_without_an_undefended_row_reads_another_tables_to_say_if_its_attack_works(
+    tmp_path,
+):
+    """CENSOR's round and EOT tables show GIFD only under CENSOR: whether GIFD works at all comes
+    from another table's undefended run of it, marked as such; without one the Markdown says
+    it is not measured."""
+    floor = {"mse": 0.05, "psnr": 13.0, "ssim": 0.1}
+    defended = [run("censor", "gifd", v, psnr=9.0, floor=floor) for v in range(3)]
+    undefended = [run("none", "gifd", v, psnr=12.0 - v, floor=floor) for v in range(3)]
+    other = tmp_path / "other"
+    other.mkdir()
+
+    def render(extra):
+        return render_table(
+            "t",
+            write(tmp_path, defended),
+            tmp_path / "out",
+            attacks=["gifd"],
+            defenses=["censor"],
+            datasets=["patches"],
+            setting=SETTING,
+            scaled_down_note=NOTE,
+            reference_csv=None,
+            undefended_files=extra,
+        )
+
+    md = Path(render(write(other, undefended))["markdown"]).read_text()
+    section = md.split("## Does each attack work without a defense?")[1].split("\n## ")[0]
+    assert "| patches | resnet18 | 0 | GIFD † | PSNR | -2.000 (3) | **no** |" in section
+    assert "read from another table's undefended run of it" in section
+    alone = Path(render([])["markdown"]).read_text()
+    assert "whether its attacks work at all is not measured here" in alone

@@ -135,6 +135,7 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
     if overlay:
         # The overlay: 10 victims; Table III on ImageNet and FFHQ, the others on ImageNet.
         eot, rounds, layer, trials = 2 * 2 * 2 * 10, 2 * (10 * 10 - 10), 2 * 10, 2 * 5 * 10
+        undefended = (2 + 1) * 10  # GIFD on ImageNet and FFHQ, GIAS on ImageNet
         k = [10, 30, 50]
     else:
         # an attack job per victims_per_job victims (the overlay: one each)
@@ -144,11 +145,13 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
         }
         eot, rounds = 2 * 2 * v["table3_eot"], 2 * (10 * v["table5_rounds"] - v["table5_rounds"])
         layer, trials = 2 * v["table3_eot"], 2 * 5 * v["table3_eot"]
+        undefended = 2 * -(-cfg["capture"]["victims"] // cfg["victims_per_job"])  # GIFD, GIAS
         k = cfg["convergence"]["clients_per_round"]
     # Attacks: Table III (each CENSOR x {gifd, gifd_eot}), Table V (GIFD, rounds 1-9 beyond
     # Table III's round 0), Table VII (the whole-model variants), Fig. 9 (GIAS, five T each);
-    # shared runs counted once.
-    assert counts["attack"] == eot + rounds + layer + trials
+    # shared runs counted once; and Table I's undefended GIFD and GIAS, which say whether each
+    # attack works at all (none of these tables has an undefended row).
+    assert counts["attack"] == eot + rounds + layer + trials + undefended
     assert counts["report"] == 4 and counts["report_convergence"] == 1
     # Convergence: one run per curve at the default K, plus Table VI's defenses at every K.
     conv = cfg["convergence"]

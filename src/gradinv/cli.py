@@ -156,6 +156,7 @@ def _cmd_report(a: argparse.Namespace) -> None:
         [Path(p) for p in a.metrics],
         Path(a.out_dir),
         summaries=[Path(p) for p in a.summaries],
+        undefended=[Path(p) for p in a.undefended],
     )
 
 
@@ -358,6 +359,12 @@ def parser() -> argparse.ArgumentParser:
     table_inputs(sp)
     sp.add_argument(
         "--summaries", nargs="*", default=[], help="the defenses' FL runs (accuracy, PMM)"
+    )
+    sp.add_argument(
+        "--undefended",
+        nargs="*",
+        default=[],
+        help="other tables' undefended runs of its attacks (a table without an undefended row)",
     )
 
     sp = verb(

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gradinv.adaptive import attack_runs
+from gradinv.adaptive import as_run_against, attack_runs
 from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
 from gradinv.methods import fact
 from gradinv.sensitive import whole_batch
@@ -41,6 +41,62 @@ def table_score_files(config: dict[str, Any], table: str) -> list[str]:
         for d, m, run, r, bs, a, _ in _table_runs(config, table)
     )
     return list(cells)
+
+
+UNDEFENDED = "none"
+
+
+def undefended_score_files(config: dict[str, Any], table: str) -> list[str]:
+    """For a table without an undefended row: the score files of other tables' undefended runs
+    of its attacks (the same dataset, model, batch size and attack settings; its round, else
+    the earliest attacked one), which its Markdown reads to say whether each attack works at
+    all. Empty for a table with one (its own runs say it)."""
+    spec = config["tables"][table]
+    if UNDEFENDED in table_runs(config, table):
+        return []
+    index = _undefended_index(config)
+    bs = table_batch_size(config, table)
+    files = []
+    for d in spec["datasets"]:
+        for m in table_models(config, table):
+            for a in spec["attacks"]:
+                rounds = index.get((d, m, str(bs), _undefended_settings(config, a)), {})
+                for r in table_rounds(config, table):
+                    found = rounds.get(str(r)) or (rounds[min(rounds, key=int)] if rounds else None)
+                    if found:
+                        files.append(found)
+    return list(dict.fromkeys(files))
+
+
+def _undefended_settings(config: dict[str, Any], attack: str) -> str:
+    block = as_run_against(config["attacks"][attack], config["defenses"][UNDEFENDED])
+    return json.dumps({k: v for k, v in block.items() if k != "label"}, sort_keys=True)
+
+
+_UNDEFENDED: dict[int, tuple[dict[str, Any], dict[tuple[str, ...], dict[str, str]]]] = {}
+
+
+def _undefended_index(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, str]]:
+    """Every table's undefended score files by (dataset, model, batch size, attack settings),
+    then round: the first table (in params.yaml's order) that runs each."""
+    cached = _UNDEFENDED.get(id(config))
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    index: dict[tuple[str, ...], dict[str, str]] = {}
+    for table, spec in config["tables"].items():
+        if UNDEFENDED not in table_runs(config, table):
+            continue
+        bs, n = table_batch_size(config, table), table_victims(config, table)
+        for d in spec["datasets"]:
+            for m in table_models(config, table):
+                for a in attack_runs(config, UNDEFENDED, spec["attacks"]):
+                    rounds = index.setdefault((d, m, str(bs), _undefended_settings(config, a)), {})
+                    for r in table_rounds(config, table):
+                        rounds.setdefault(
+                            str(r), f"results/metrics/{d}/{m}/{UNDEFENDED}/r{r}_b{bs}/{a}/v{n}.json"
+                        )
+    _UNDEFENDED[id(config)] = (config, index)
+    return index
 
 
 def table_victim_files(config: dict[str, Any], table: str) -> list[str]:

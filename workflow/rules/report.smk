@@ -4,6 +4,8 @@ rule report:
     input:
         metrics=lambda w: table_score_files(config, w.table),  # each record names its files
         summaries=lambda w: table_utility_runs(config, w.table),  # accuracy, PMM
+        # another table's undefended runs of its attacks, where it has none: do they work?
+        undefended=lambda w: undefended_score_files(config, w.table),
     output:
         csv="results/{table}.csv",
         markdown="results/{table}.md",
@@ -26,7 +28,8 @@ rule report:
         "results/benchmarks/report/{table}.tsv"
     shell:
         "gradinv report --settings {params.settings:q} --metrics {input.metrics} "
-        "--summaries {input.summaries} --out-dir results > {log} 2>&1"
+        "--summaries {input.summaries} --undefended {input.undefended} --out-dir results "
+        "> {log} 2>&1"
 
 
 if "fig10_public" in config["tables"]:

@@ -21,10 +21,13 @@ def run(
     metric_files: list[Path],
     out_dir: Path,
     summaries: Sequence[Path] = (),
+    undefended: Sequence[Path] = (),
 ) -> None:
     """Render the table from its cells' score files (each record names the reconstruction and
     private batch it scored); ``summaries`` are the defenses' FL training runs (the utility
-    study's), read when the table shows what a defense costs (accuracy, PMM)."""
+    study's), read when the table shows what a defense costs (accuracy, PMM); ``undefended``
+    are other tables' undefended runs of its attacks, for a table without an undefended row
+    (:func:`gradinv.table_inputs.undefended_score_files`)."""
     spec = settings["table"]
     name = settings["table_name"]
     rounds, n_victims = settings["rounds"], settings["victims"]
@@ -93,6 +96,7 @@ def run(
         models=models,
         shared={d: (run, labels[d]) for d, run in shared.items()},
         shared_attacks=shared_attacks,
+        undefended_files=undefended,
     )
     shown: dict[str, list[str]] = {}  # each run's grid rows: the table's defenses that read it
     for d in spec["defenses"]:

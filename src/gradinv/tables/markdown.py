@@ -97,16 +97,25 @@ def _floor_section(floor: pd.DataFrame | None) -> list[str]:
     if floor is None or floor.empty:
         return [
             *lines,
-            "This table has no undefended row (or its metrics have no floor): the claims over "
-            "it look the undefended attack up in the tables that have one.",
+            "This table has no undefended row, no other table of this run attacks its victims "
+            "undefended with its attacks (or its metrics have no floor): whether its attacks "
+            "work at all is not measured here.",
             "",
         ]
+    elsewhere = "source" in floor.columns and (floor["source"] == "another table").any()
     lines += [
         "Each undefended attack against the *floor*, the public split's mean image scored "
         "against the same victims: the median over victims of the attack's gain (how much "
         "closer its reconstruction is than the floor; positive: the attack does better). An "
         "attack that does not beat the floor on the median victim recovered nothing a defense "
-        "could take away, so **the claims over it are undecidable at this scale**.",
+        "could take away, so **the claims over it are undecidable at this scale**."
+        + (
+            " An attack this table shows only under a defense is read from another table's "
+            "undefended run of it (the same dataset, model, batch size and settings; its round, "
+            "else the earliest one attacked), marked †."
+            if elsewhere
+            else ""
+        ),
         "",
         "| dataset | model | round | attack | metric | median gain over the floor (n) | "
         "beats the floor |",
@@ -116,8 +125,9 @@ def _floor_section(floor: pd.DataFrame | None) -> list[str]:
         spec = metric_spec(r["metric"])
         gain = "—" if r["n"] == 0 else f"{r['median_gain']:+.{spec.decimals}f} ({r['n']})"
         answer = {True: "yes", False: "**no**", None: "no victim scored"}[r["beats_floor"]]
+        mark = " †" if r.get("source") == "another table" else ""
         lines.append(
-            f"| {r['dataset']} | {r['model']} | {r['round']} | {_esc(r['attack_label'])} | "
+            f"| {r['dataset']} | {r['model']} | {r['round']} | {_esc(r['attack_label'])}{mark} | "
             f"{spec.label} | {gain} | {answer} |"
         )
     return [*lines, ""]

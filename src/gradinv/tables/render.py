@@ -152,6 +152,22 @@ def victim_values(df: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return df.reindex(columns=columns).reset_index(drop=True)
 
 
+def _floor_checks(
+    victims: pd.DataFrame,
+    undefended_files: Sequence[str | os.PathLike[str]],
+    metrics: Sequence[str],
+    training: Mapping[str, Any],
+) -> pd.DataFrame:
+    """Whether each undefended attack beats the floor: the table's own undefended cells, and
+    other tables' for the attacks it shows only under a defense (``from``: which)."""
+    own = undefended_checks(victims, list(metrics)).assign(source="this table")
+    if not undefended_files:
+        return own
+    elsewhere = collect(undefended_files, metrics=[m for m in metrics if m not in training])
+    other = undefended_checks(victim_values(elsewhere, metrics), list(metrics))
+    return pd.concat([own, other.assign(source="another table")], ignore_index=True)
+
+
 def _provenance(df: pd.DataFrame) -> dict[str, str]:
     """What the files themselves say produced them, appended to the caller's setting."""
     out = {"runs scored": str(df["source"].nunique())}  # a shared run's rows: one run
@@ -209,6 +225,7 @@ def render_table(
     models: Sequence[str] | None = None,
     shared: Mapping[str, tuple[str, str]] | None = None,
     shared_attacks: Mapping[str, Mapping[str, tuple[str, str]]] | None = None,
+    undefended_files: Sequence[str | os.PathLike[str]] = (),
 ) -> dict[str, Path]:
     """Write ``<name>.csv``, ``<name>.md``, ``<name>_vs_paper.csv``, ``<name>_cells.csv`` (the
     long table: one line per cell, what ``workflow/claims.yaml`` is checked against) and
@@ -229,6 +246,8 @@ def render_table(
     (a sweep point at its base's value: :func:`gradinv.sweeps.shared_runs`); ``shared_attacks``
     by defense run, the attacks shown from another attack's runs, with that attack and their
     label (an adaptive attack with nothing to adapt to: :func:`gradinv.adaptive.shared_attacks`).
+    ``undefended_files``: other tables' undefended runs of its attacks, for a table without an
+    undefended row: its Markdown says from them whether each attack beats the floor.
     """
     out_dir = Path(out_dir)
     training, shared = training or {}, shared or {}
@@ -324,7 +343,7 @@ def render_table(
         csv_name=paths["csv"].name,
         vs_paper_name=paths["vs_paper"].name,
         figure_name=f"figures/{paths['figure'].name}",
-        floor=undefended_checks(victims, list(metrics)),
+        floor=_floor_checks(victims, undefended_files, metrics, training),
     )
     with atomic_path(paths["markdown"]) as tmp:
         tmp.write_text(text, encoding="utf-8")  # arrows and ±: never the locale's encoding
