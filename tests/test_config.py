@@ -490,3 +490,12 @@ def test_prose_lives_in_the_notes_not_in_params_and_fills_every_block():
     assert set(notes["tables"]) == set(config["tables"])  # a note for every shipped table
     own = load(ROOT / "params.yaml", (ROOT / "workflow/configs/data_centric.yaml",))
     assert own["tables"]["data_centric"]["scaled_down_note"].startswith("Refiner's paper")
+
+
+@pytest.mark.parametrize("overlays", [(), (ROOT / "workflow/configs/paper.yaml",)])
+def test_accuracy_comes_from_at_least_three_paired_seeds(overlays):
+    """Every utility run behind a claim or a PMM column runs at each of at least 3 seeds, the
+    same for every defense and recipe (issue 30); the test overlays may use fewer, for speed."""
+    config = validate(load(ROOT / "params.yaml", overlays))
+    seeds = config["utility"]["seeds"]
+    assert len(set(seeds)) == len(seeds) >= 3

@@ -159,6 +159,8 @@ def _cells(rows):
                 "attack_label": a.upper(),
                 "metric": m,
                 "mean": v,
+                "ci_low": None if v is None else v - 0.01,  # each cell's interval, as given
+                "ci_high": None if v is None else v + 0.02,
                 "n": 0 if v is None else 2,
             }
             for d, a, m, v in rows
@@ -187,6 +189,9 @@ def test_the_frontier_takes_the_strongest_attack_for_each_metric():
     ).set_index("defense")
     noise = points.loc["noise-std0.1"]
     assert (noise["psnr"], noise["psnr_attack"]) == (15.0, "IG_EOT")
+    # each value with the interval of the cell it comes from
+    assert (noise["psnr_ci_low"], noise["psnr_ci_high"]) == (14.99, 15.02)
+    assert (noise["pmm_ci_low"], noise["pmm_ci_high"]) == (0.89, 0.92)
     assert (noise["ssim"], noise["ssim_attack"]) == (0.40, "IG")
     assert (noise["lpips"], noise["lpips_attack"]) == (0.2, "IG_EOT")
     assert (noise["base"], noise["setting"], noise["value"], noise["pmm"]) == (

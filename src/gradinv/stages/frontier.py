@@ -5,7 +5,9 @@ Every defense of the ``frontier`` table, at each strength of its sweep, as one p
 the strongest attack run against it. "Strongest" is taken per privacy metric, from the attacker's
 side: the highest PSNR and SSIM, the lowest LPIPS over the table's attacks (plain, transform-aware,
 EOT and Ignore), so an adaptive attack that breaks a defense moves its point, as it should. The
-attack behind each value is written beside it.
+attack behind each value is written beside it, and each value's 95% interval (``<m>_ci_low``,
+``<m>_ci_high``: PMM's over the training seeds, a privacy metric's over the victims of that
+attack's cell), as the table's cells give them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def frontier_points(
             "setting": setting,
             "value": value,
             "pmm": _first(group, "pmm"),
+            "pmm_ci_low": _first(group, "pmm", "ci_low"),
+            "pmm_ci_high": _first(group, "pmm", "ci_high"),
             # CENSOR under Algorithm 1: victims whose captured update was the raw gradient (one
             # capture per victim, whatever the attack)
             "raw_gradient_shared": _raw(group),
@@ -60,9 +64,12 @@ def frontier_points(
             scored = group[(group["metric"] == metric) & (group["n"] > 0)].dropna(subset=["mean"])
             if scored.empty:
                 row[metric], row[f"{metric}_attack"] = math.nan, ""
+                row[f"{metric}_ci_low"] = row[f"{metric}_ci_high"] = math.nan
                 continue
             best = scored.loc[scored["mean"].idxmax() if pick == "max" else scored["mean"].idxmin()]
             row[metric], row[f"{metric}_attack"] = float(best["mean"]), best["attack_label"]
+            for end in ("ci_low", "ci_high"):
+                row[f"{metric}_{end}"] = float(best[end]) if end in best else math.nan
         rows.append(row)
     return pd.DataFrame.from_records(rows)
 
@@ -74,8 +81,10 @@ def _raw(group: pd.DataFrame) -> str:
     return raw_text(recorded.iloc[0].to_dict()) if len(recorded) else ""
 
 
-def _first(group: pd.DataFrame, metric: str) -> float:
-    values = group.loc[group["metric"] == metric, "mean"].dropna()
+def _first(group: pd.DataFrame, metric: str, column: str = "mean") -> float:
+    if column not in group.columns:
+        return math.nan
+    values = group.loc[group["metric"] == metric, column].dropna()
     return float(values.iloc[0]) if len(values) else math.nan
 
 
