@@ -2,6 +2,7 @@
 choice per score job, and the score stage."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -9,10 +10,11 @@ import torch
 
 from gradinv.config import REPO_ROOT, load, validate
 from gradinv.defenses import build_defense
+from gradinv.defenses.dcs2 import DCS2
 from gradinv.io import save_tensors
 from gradinv.jobs import job_settings
 from gradinv.metrics import MetricSettings
-from gradinv.sensitive import sensitive_samples, whole_batch
+from gradinv.sensitive import DEFAULTS, rule_of, sensitive_samples, whole_batch
 from gradinv.settings import ConfigError
 from gradinv.stages.score import score_run
 
@@ -118,3 +120,34 @@ def test_an_undefended_victim_in_a_table_with_dcs2_is_scored_on_its_sensitive_im
     assert row["matching"] == [1] and row["psnr"] > 35
     expected = -10 * torch.log10(((images[0] - 0.5) ** 2).mean())
     assert row["floor"]["psnr"] == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_a_rule_reads_dcs2s_defaults_and_only_the_setting_its_kind_uses():
+    fields = {f.name: f.default for f in dataclasses.fields(DCS2.Settings)}
+    assert {k: fields[k] for k in DEFAULTS} == {**DEFAULTS, "labels": ()}
+    assert rule_of({}) == {"sensitive": "fraction", "fraction": 0.5}
+    assert rule_of({"sensitive": "count", "fraction": 0.25}) == {"sensitive": "count", "count": 1}
+    assert rule_of({"sensitive": "labels", "labels": (6,)}) == {
+        "sensitive": "labels",
+        "labels": [6],
+    }
+
+
+def test_a_fraction_a_count_rule_never_reads_is_no_conflict():
+    config = copy.deepcopy(PARAMS)
+    config["defenses"]["dcs2_quarter"] = {**config["defenses"]["dcs2_plus_one"], "fraction": 0.25}
+    config["tables"]["dcs2_table1"]["defenses"].append("dcs2_quarter")
+    on = _score_settings(validate(config), "none", "2")["scored_on"]
+    assert on["rule"] == {"sensitive": "count", "count": 1}
+
+
+def test_a_conflict_stops_snakemake_when_the_workflow_is_built():
+    """Before any job: pipeline.validated, which the Snakefile calls first, checks it."""
+    from snakemake.exceptions import WorkflowError
+
+    from gradinv.pipeline import validated
+
+    config = copy.deepcopy(PARAMS)
+    config["tables"]["table1"].update(model="lenet", batch_size=2)
+    with pytest.raises(WorkflowError, match=r"tables table1 and dcs2_table1 both read"):
+        validated(config)

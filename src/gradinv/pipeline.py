@@ -43,6 +43,7 @@ def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) ->
     from gradinv.config import project_root, validate
     from gradinv.config_files import read_config_file
     from gradinv.settings import ConfigError
+    from gradinv.table_inputs import check_scored_samples
 
     guarded = config_guard.active()
     if not guarded:
@@ -55,11 +56,15 @@ def validated(config: dict[str, Any], configfiles: Sequence[str | Path] = ()) ->
     try:
         for path in configfiles:
             read_config_file(path)
-        return validate(
+        checked = validate(
             config,
             source="params.yaml (with any --configfile overlays)",
             checked=project_root() / ".snakemake" / "gradinv-checked",
         )
+        # which samples each score job scores (a table with DCS²): a table whose DCS² defenses
+        # disagree, or runs two tables would score differently, stop here, before any job
+        check_scored_samples(checked)
+        return checked
     except ConfigError as err:
         raise WorkflowError(f"gradinv: {err}") from None
 

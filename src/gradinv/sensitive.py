@@ -12,6 +12,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+#: DCS²'s defaults of the settings that say which samples it protects (``DCS2.Settings``; a test
+#: checks they agree): a block that leaves one out is read with these.
+DEFAULTS: dict[str, Any] = {"sensitive": "fraction", "count": 1, "fraction": 0.5, "labels": []}
+
+
+def rule_of(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The rule of a DCS² block as it decides: its kind of ``sensitive`` and the one setting
+    that kind reads, with DCS²'s defaults for what the block leaves out. Two blocks that protect
+    the same samples (a ``fraction`` that a ``count`` rule never reads aside) give the same."""
+    kind = block.get("sensitive", DEFAULTS["sensitive"])
+    value = block.get(kind, DEFAULTS[kind])
+    return {"sensitive": kind, kind: list(value) if kind == "labels" else value}
+
 
 def sensitive_samples(rule: Mapping[str, Any], labels: Sequence[int]) -> list[int]:
     """The indices a batch with ``labels`` has sensitive under ``rule`` (a DCS² block's

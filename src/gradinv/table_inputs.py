@@ -13,7 +13,7 @@ from typing import Any
 from gradinv.adaptive import as_run_against, attack_runs
 from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
 from gradinv.methods import fact
-from gradinv.sensitive import whole_batch
+from gradinv.sensitive import rule_of, whole_batch
 from gradinv.settings import ConfigError
 from gradinv.sweeps import table_runs
 
@@ -48,19 +48,22 @@ UNDEFENDED = "none"
 
 def undefended_score_files(config: dict[str, Any], table: str) -> list[str]:
     """For a table without an undefended row: the score files of other tables' undefended runs
-    of its attacks (the same dataset, model, batch size and attack settings; its round, else
-    the earliest attacked one), which its Markdown reads to say whether each attack works at
+    of its attacks (the same dataset, model, batch size, attack settings and samples scored,
+    those of a DCS² defense in it; its round, else the earliest attacked one), which its
+    Markdown reads to say whether each attack works at
     all. Empty for a table with one (its own runs say it)."""
     spec = config["tables"][table]
     if UNDEFENDED in table_runs(config, table):
         return []
     index = _undefended_index(config)
     bs = table_batch_size(config, table)
+    scoring = _rule_text(_protection(config, table)[0])  # on the samples its rows are scored on
     files = []
     for d in spec["datasets"]:
         for m in table_models(config, table):
             for a in spec["attacks"]:
-                rounds = index.get((d, m, str(bs), _undefended_settings(config, a)), {})
+                key = (d, m, str(bs), _undefended_settings(config, a), scoring)
+                rounds = index.get(key, {})
                 for r in table_rounds(config, table):
                     found = rounds.get(str(r)) or (rounds[min(rounds, key=int)] if rounds else None)
                     if found:
@@ -77,8 +80,8 @@ _UNDEFENDED: dict[int, tuple[dict[str, Any], dict[tuple[str, ...], dict[str, str
 
 
 def _undefended_index(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, str]]:
-    """Every table's undefended score files by (dataset, model, batch size, attack settings),
-    then round: the first table (in params.yaml's order) that runs each."""
+    """Every table's undefended score files by (dataset, model, batch size, attack settings, the
+    samples scored), then round: the first table (in params.yaml's order) that runs each."""
     cached = _UNDEFENDED.get(id(config))
     if cached is not None and cached[0] is config:
         return cached[1]
@@ -87,10 +90,12 @@ def _undefended_index(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str,
         if UNDEFENDED not in table_runs(config, table):
             continue
         bs, n = table_batch_size(config, table), table_victims(config, table)
+        scoring = _rule_text(_protection(config, table)[0])
         for d in spec["datasets"]:
             for m in table_models(config, table):
                 for a in attack_runs(config, UNDEFENDED, spec["attacks"]):
-                    rounds = index.setdefault((d, m, str(bs), _undefended_settings(config, a)), {})
+                    key = (d, m, str(bs), _undefended_settings(config, a), scoring)
+                    rounds = index.setdefault(key, {})
                     for r in table_rounds(config, table):
                         rounds.setdefault(
                             str(r), f"results/metrics/{d}/{m}/{UNDEFENDED}/r{r}_b{bs}/{a}/v{n}.json"
@@ -132,6 +137,12 @@ def scored_on(config: dict[str, Any], cell: tuple[Any, ...]) -> dict[str, Any] |
     return _scored_cells(config).get(tuple(str(k) for k in cell))
 
 
+def check_scored_samples(config: dict[str, Any]) -> None:
+    """Raise the ``ConfigError`` :func:`scored_on` would raise at the first score job: called
+    when the workflow is built (:func:`gradinv.pipeline.validated`), so that no job runs first."""
+    _scored_cells(config)
+
+
 _SCORED: dict[int, tuple[dict[str, Any], dict[tuple[str, ...], dict[str, Any] | None]]] = {}
 
 
@@ -143,26 +154,7 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
     cached = _SCORED.get(id(config))
     if cached is not None and cached[0] is config:
         return cached[1]
-    tables: dict[str, tuple[dict[str, Any] | None, set[str]]] = {}
-    for table in config["tables"]:
-        protecting = {}
-        for run in table_runs(config, table):
-            block = config["defenses"][run]
-            fields = fact("defenses", block["kind"], "protects_samples_by") or ()
-            if fields:
-                rule = {f: block[f] for f in fields if f in block}
-                protecting[run] = {"defense": run, "kind": block["kind"], "rule": rule}
-        rules = {_rule_text(p) for p in protecting.values()}
-        if len(rules) > 1:
-            raise ConfigError(
-                f"tables.{table}: its defenses {', '.join(protecting)} protect different samples "
-                f"of a batch ({'; '.join(sorted(rules))}), and a table compares its defenses on "
-                "the same images: give them the same settings, or put them in tables of their own"
-            )
-        on = next(iter(protecting.values()), None)
-        if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
-            on = None  # it protects every sample: the whole batch (one image of one)
-        tables[table] = (on, set(protecting))
+    tables = {table: _protection(config, table) for table in config["tables"]}
     # the runs (without attacks: an adaptive attack's runs may need a defense's class, torch)
     # that some table scores on fewer samples
     partial = {r for t, (on, _) in tables.items() if on is not None for r in _runs(config, t)}
@@ -184,6 +176,29 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
     mapping = {key: on for key, (_, on) in cells.items()}
     _SCORED[id(config)] = (config, mapping)
     return mapping
+
+
+def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | None, set[str]]:
+    """The samples ``table`` scores its defenses on (None: the whole batch; else its DCS²
+    defense's, as :func:`scored_on` gives them) and its runs that protect some samples only."""
+    protecting = {}
+    for run in table_runs(config, table):
+        block = config["defenses"][run]
+        fields = fact("defenses", block["kind"], "protects_samples_by") or ()
+        if fields:
+            rule = rule_of({f: block[f] for f in fields if f in block})
+            protecting[run] = {"defense": run, "kind": block["kind"], "rule": rule}
+    rules = {_rule_text(p) for p in protecting.values()}
+    if len(rules) > 1:
+        raise ConfigError(
+            f"tables.{table}: its defenses {', '.join(protecting)} protect different samples "
+            f"of a batch ({'; '.join(sorted(rules))}), and a table compares its defenses on "
+            "the same images: give them the same settings, or put them in tables of their own"
+        )
+    on = next(iter(protecting.values()), None)
+    if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
+        on = None  # it protects every sample: the whole batch (one image of one)
+    return on, set(protecting)
 
 
 def _runs(config: dict[str, Any], table: str) -> set[tuple[str, ...]]:

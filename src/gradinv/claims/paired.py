@@ -343,8 +343,9 @@ def _floor(
     for attack in attacks:
         for rnd in rounds:
             cells = _undefended(undefended, {**context, "attack": attack, "round": rnd})
+            name = attack if attack is not None else "attack"  # a group over several attacks
             if cells is None:
-                caveats.append(f"the floor not checked: no undefended {attack} run")
+                caveats.append(f"the floor not checked: no undefended {name} run")
                 continue
             checked = key_text(cells["round"].iloc[0])
             if (attack, checked) in seen:  # two rounds falling back to the same cells
@@ -356,11 +357,13 @@ def _floor(
             result = floor_check(cells, floored)
             if result.beats is False:
                 failing.append(
-                    f"undefended {attack} at {at} does not beat the floor in {label} "
+                    f"undefended {name} at {at} does not beat the floor in {label} "
                     f"(median gain {result.median_gain:+.3g}, {result.n} victims)"
                 )
+            elif result.n == 0:
+                caveats.append(f"the floor not checked: undefended {name} has no {label} values")
             elif checked != key_text(rnd):
-                caveats.append(f"the floor checked on undefended {attack} at {at}")
+                caveats.append(f"the floor checked on undefended {name} at {at}")
     return " | ".join(failing) or None, "; ".join(dict.fromkeys(caveats)) or None
 
 

@@ -97,9 +97,9 @@ def _floor_section(floor: pd.DataFrame | None) -> list[str]:
     if floor is None or floor.empty:
         return [
             *lines,
-            "This table has no undefended row, no other table of this run attacks its victims "
-            "undefended with its attacks (or its metrics have no floor): whether its attacks "
-            "work at all is not measured here.",
+            "Neither this table nor another table of this run has an undefended run of its "
+            "attacks scored on a metric the floor scores: whether its attacks work at all is not "
+            "measured here.",
             "",
         ]
     elsewhere = "source" in floor.columns and (floor["source"] == "another table").any()
