@@ -17,7 +17,7 @@ from gradinv.config import REPO_ROOT, load
 from gradinv.jobs import job_settings
 from gradinv.stages.utility import RUN_COLUMNS
 from gradinv.stats import units_to_decide
-from gradinv.table_inputs import claim_inputs, claim_tables
+from gradinv.table_inputs import claim_inputs, claim_tables, claim_values
 from gradinv.tables.aggregate import training_scope
 from gradinv.tables.files import SEED_COLUMNS, VICTIM_COLUMNS
 
@@ -549,6 +549,30 @@ def test_the_projects_claims_load_and_name_known_runs():
             assert {check.left, check.right} <= set(config["attacks"]), claim.id
     built = set(claim_tables(load(REPO_ROOT / "params.yaml")))
     assert {"table1", "utility"} <= built
+
+
+@pytest.mark.parametrize(
+    "overlays", [(), ("workflow/configs/paper.yaml",)], ids=["default", "paper"]
+)
+def test_every_claim_names_what_its_table_holds(overlays):
+    """A claim names runs by what its table's result calls them: a sweep point by its own name
+    even where it reads its base's runs (Fig. 9's T = 20 is ``censor-trials20``, not ``censor``).
+    A name the table lacks leaves the claim "not evaluated" at the end of a long run."""
+    config = load(REPO_ROOT / "params.yaml", tuple(REPO_ROOT / o for o in overlays))
+    built = set(claim_tables(config))
+    for claim in load_claims(REPO_ROOT / "workflow/claims.yaml"):
+        check = claim.check
+        if check.table not in built:
+            continue
+        values = claim_values(config, check.table)
+        if check.compare in values:
+            sides = {str(n) for n in (check.left, check.right)} - {"others"}
+            missing = sides - values[check.compare]
+            assert not missing, (claim.id, check.table, check.compare, missing)
+        for column, chosen in {**check.where, **check.only_where}.items():
+            # a selection may list more than one configuration builds (every sweep point)
+            if column in values:
+                assert {str(n) for n in chosen} & values[column], (claim.id, column, chosen)
 
 
 def test_the_stage_writes_csv_and_markdown(tmp_path):

@@ -244,6 +244,21 @@ def claim_tables(config: dict[str, Any]) -> list[str]:
     return [*config["tables"], "utility", *(f"utility_{r}" for r in config.get("recipes", {}))]
 
 
+def claim_values(config: dict[str, Any], table: str) -> dict[str, set[str]]:
+    """What a claim can compare in ``table``'s result, by column: its defenses (a sweep point by
+    its own name, shared run or not), attacks and rounds; a utility study's defenses only."""
+    if table == "utility":
+        return {"defense": set(config["utility"]["defenses"])}
+    if table.startswith("utility_"):
+        return {"defense": set(config["recipes"][table.removeprefix("utility_")]["defenses"])}
+    spec = config["tables"][table]
+    return {
+        "defense": set(spec["defenses"]),
+        "attack": set(spec["attacks"]),
+        "round": {str(r) for r in table_rounds(config, table)},
+    }
+
+
 def claim_inputs(config: dict[str, Any], claims_file: str | Path) -> list[str]:
     """The result files the claims in ``claims_file`` read, of the tables this config builds,
     and every attack table's per-victim values, where the floor checks find each undefended
