@@ -151,3 +151,53 @@ def test_a_conflict_stops_snakemake_when_the_workflow_is_built():
     config["tables"]["table1"].update(model="lenet", batch_size=2)
     with pytest.raises(WorkflowError, match=r"tables table1 and dcs2_table1 both read"):
         validated(config)
+
+
+def test_a_table_scored_on_the_whole_batch_scores_dcs2s_runs_whole_too():
+    """DCS²'s Table 3 measures "all data" of the batch: with ``scored: batch`` no score job of
+    the table reads a sensitive rule, and DCS²'s own runs ignore the capture's sensitive list."""
+    config = validate(copy.deepcopy(PARAMS))
+    assert config["tables"]["dcs2_table3"]["scored"] == "batch"
+    for defense in ("none", "noise_1e3", "noise_1e2"):  # batches of 4
+        assert "scored_on" not in _score_settings(config, defense, "4")
+    assert _score_settings(config, "dcs2_plus_noise", "4")["scored_on"] == "batch"
+    # the same table scored on the sensitive samples: DCS²'s rule, its runs by their capture
+    config = copy.deepcopy(PARAMS)
+    del config["tables"]["dcs2_table3"]["scored"]
+    config = validate(config)
+    assert _score_settings(config, "none", "4")["scored_on"]["defense"] == "dcs2_plus_noise"
+    assert "scored_on" not in _score_settings(config, "dcs2_plus_noise", "4")
+
+
+def test_a_dcs2_run_two_tables_score_differently_is_refused():
+    config = copy.deepcopy(PARAMS)
+    config["tables"]["dcs2_table1"]["scored"] = "batch"
+    config["tables"]["dcs2_table4"]["defenses"] = ["dcs2_plus_one"]  # scored on its sensitive
+    with pytest.raises(ConfigError, match=r"both read the runs of patches/lenet/dcs2_plus_one/"):
+        _score_settings(validate(config), "none", "2")
+
+
+def test_a_dcs2_run_scored_on_the_whole_batch_matches_every_image(tmp_path):
+    images = torch.rand(2, 1, 8, 8)
+    victim = tmp_path / "victim0.pt"
+    batch = {"labels": torch.tensor([3, 4]), "mean": (0.5,), "std": (0.5,), "data_sha256": "0" * 64}
+    save_tensors(victim, {"images": images, **batch})
+    # the shared batch held a concealed sample too: three reconstructions for two images
+    rec = {
+        "status": "ok",
+        "failure": None,
+        "seconds": 1.0,
+        "images": torch.stack([torch.rand(1, 8, 8), images[1], images[0] * 0.99]),
+        "labels": torch.tensor([3, 3, 4]),
+        "summary": {},
+    }
+    capture = {"client": {"sensitive": [0]}}  # DCS² concealed the first image
+    args = (victim, capture, ["psnr"], MetricSettings(), "lenet", 0, 0, None)
+    config = validate(copy.deepcopy(PARAMS))
+    settings = _score_settings(config, "dcs2_plus_noise", "4")
+    row, _, _ = score_run(settings, (tmp_path / "a.pt", 0, rec), *args)
+    assert row["scored_samples"] == [0, 1] and row["scored_on"] == "batch"
+    assert row["matching"] == [2, 1] and row["psnr"] > 35
+    settings.pop("scored_on")  # scored as DCS²'s Table 1: its sensitive image only
+    row, _, _ = score_run(settings, (tmp_path / "a.pt", 0, rec), *args)
+    assert row["scored_samples"] == [0] and row["matching"] == [2]

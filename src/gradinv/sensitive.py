@@ -16,6 +16,11 @@ from typing import Any
 #: checks they agree): a block that leaves one out is read with these.
 DEFAULTS: dict[str, Any] = {"sensitive": "fraction", "count": 1, "fraction": 0.5, "labels": []}
 
+#: A table's ``scored``: ``sensitive`` (the default) scores every defense of a table with DCS² on
+#: DCS²'s sensitive samples, as DCS²'s Table 1 does; ``batch`` scores every sample of the batch,
+#: DCS²'s runs too, as its Table 3 does ("computed between all data and their reconstructions").
+SENSITIVE, BATCH = "sensitive", "batch"
+
 
 def rule_of(block: Mapping[str, Any]) -> dict[str, Any]:
     """The rule of a DCS² block as it decides: its kind of ``sensitive`` and the one setting

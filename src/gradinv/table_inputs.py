@@ -13,7 +13,7 @@ from typing import Any
 from gradinv.adaptive import as_run_against, attack_runs
 from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
 from gradinv.methods import fact
-from gradinv.sensitive import rule_of, whole_batch
+from gradinv.sensitive import BATCH, SENSITIVE, rule_of, whole_batch
 from gradinv.settings import ConfigError
 from gradinv.sweeps import table_runs
 
@@ -126,14 +126,15 @@ def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
     ]
 
 
-def scored_on(config: dict[str, Any], cell: tuple[Any, ...]) -> dict[str, Any] | None:
+def scored_on(config: dict[str, Any], cell: tuple[Any, ...]) -> dict[str, Any] | str | None:
     """The samples of each victim's batch that the score job of ``cell`` (dataset, model, run,
     round, batch size, attack run) scores: None, the whole batch (or, for a defense that
     protects some samples only, those: its capture says which); else the defense of the tables
     reading the cell that protects some samples only (DCS²), ``{"defense", "kind", "rule"}``
     (``rule``: its settings that say which, :func:`gradinv.sensitive.sensitive_samples`), where
     they are not every sample. A table compares its defenses on the same images,
-    so its other defenses are scored on the samples that one protects."""
+    so its other defenses are scored on the samples that one protects. ``BATCH``: every sample,
+    that defense's own runs too (a table with ``scored: batch``)."""
     return _scored_cells(config).get(tuple(str(k) for k in cell))
 
 
@@ -158,13 +159,15 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
     # the runs (without attacks: an adaptive attack's runs may need a defense's class, torch)
     # that some table scores on fewer samples
     partial = {r for t, (on, _) in tables.items() if on is not None for r in _runs(config, t)}
-    cells: dict[tuple[str, ...], tuple[str, dict[str, Any] | None]] = {}
+    cells: dict[tuple[str, ...], tuple[str, dict[str, Any] | str | None]] = {}
     for table, (on_table, protecting) in tables.items():
-        if on_table is None and not partial & _runs(config, table):
+        whole = config["tables"][table].get("scored", SENSITIVE) == BATCH
+        if on_table is None and not (whole and protecting) and not partial & _runs(config, table):
             continue
         for d, m, run, r, bs, a, _ in _table_runs(config, table):
             key = tuple(str(k) for k in (d, m, run, r, bs, a))
-            on = None if run in protecting else on_table
+            # a DCS² run: its capture says which samples, unless the table scores them all
+            on = (BATCH if whole else None) if run in protecting else on_table
             if key in cells and _rule_text(cells[key][1]) != _rule_text(on):
                 other, before = cells[key]
                 raise ConfigError(
@@ -179,8 +182,9 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
 
 
 def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | None, set[str]]:
-    """The samples ``table`` scores its defenses on (None: the whole batch; else its DCS²
-    defense's, as :func:`scored_on` gives them) and its runs that protect some samples only."""
+    """The samples ``table`` scores its defenses on (None: the whole batch, also with
+    ``scored: batch``; else its DCS² defense's, as :func:`scored_on` gives them) and its runs
+    that protect some samples only."""
     protecting = {}
     for run in table_runs(config, table):
         block = config["defenses"][run]
@@ -198,6 +202,8 @@ def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | No
     on = next(iter(protecting.values()), None)
     if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
         on = None  # it protects every sample: the whole batch (one image of one)
+    if config["tables"][table].get("scored", SENSITIVE) == BATCH:
+        on = None
     return on, set(protecting)
 
 
@@ -213,9 +219,11 @@ def _runs(config: dict[str, Any], table: str) -> set[tuple[str, ...]]:
     }
 
 
-def _rule_text(on: dict[str, Any] | None) -> str:
+def _rule_text(on: dict[str, Any] | str | None) -> str:
     if on is None:
         return "the whole batch"
+    if on == BATCH:
+        return "every sample of the batch, those its defense protects and the others"
     return f"the samples {on['kind']} protects under {json.dumps(on['rule'], sort_keys=True)}"
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
+from gradinv.methods import fact
+from gradinv.sensitive import BATCH, SENSITIVE
 from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path, run_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
@@ -63,6 +65,18 @@ def run(
         },
         "seed": settings["seed"],
     }
+    protecting = [  # DCS²: a table with it scores every defense on the same samples
+        d
+        for d, block in settings["defenses"].items()
+        if fact("defenses", block["kind"], "protects_samples_by")
+    ]
+    if protecting:
+        setting["samples scored"] = (
+            "every sample of each batch, under every defense (scored: batch)"
+            if spec.get("scored", SENSITIVE) == BATCH
+            else f"the samples {', '.join(protecting)} protects, under every defense "
+            "(scored: sensitive)"
+        )
     reference = spec["reference"]
     note = ""
     if settings["scale"] == "embedded":

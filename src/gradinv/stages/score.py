@@ -17,7 +17,7 @@ from gradinv.io import load_tensors, write_json
 from gradinv.metrics import METRICS, MetricSettings, score
 from gradinv.metrics.evaluation_network import resolve_evaluation_network, weights_digest
 from gradinv.mlflow_run import side_by_side
-from gradinv.sensitive import sensitive_samples
+from gradinv.sensitive import BATCH, sensitive_samples
 from gradinv.settings import from_mapping
 from gradinv.stages.common import project_path, record, setup, victim_runs
 
@@ -124,9 +124,13 @@ def score_run(
     client = capture.get("client") or {}
     # A defense that protects some samples only (DCS²) is measured on those, as its paper does,
     # and so is every other defense of a table with it: the same images on both sides of a pair.
+    # A table with ``scored: batch`` measures every sample (DCS²'s Table 3: "all data").
     sensitive = client.get("sensitive")
     on = settings.get("scored_on")
-    if sensitive is None and on is not None:
+    if on == BATCH:
+        sensitive = None
+        row["scored_on"] = BATCH
+    elif sensitive is None and on is not None:
         sensitive = sensitive_samples(on["rule"], [int(y) for y in secret["labels"]])
         row["scored_on"] = on["defense"]
     originals = secret["images"] if sensitive is None else secret["images"][sensitive]
