@@ -26,6 +26,7 @@ from gradinv.jobs import (
     malicious_attacks,
     prepared_files,
     metric_assets,
+    recipe_partition_file,
     victim_groups,
 )
 from gradinv.sweeps import table_runs

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gradinv.config import load, validate
-from gradinv.jobs import job_settings
+from gradinv.jobs import job_settings, recipe_partition_file
 from gradinv.settings import ConfigError
 from gradinv.table_inputs import table_utility_runs
 
@@ -382,6 +382,27 @@ def test_a_papers_recipe_trains_its_runs_as_its_code_does():
                 },
             )
         )
+
+
+def test_a_recipe_with_its_own_clients_trains_on_its_own_partition():
+    """CENSOR's recipe trains on non-IID clients (its Sec. V-C): its runs read a partition file
+    of their own, made from the recipe's partition merged over `partition`; a recipe without
+    one (CVB's) trains on the dataset's partition, with the settings of every other run."""
+    cfg = validate(copy.deepcopy(PARAMS))
+    key = {"dataset": "patches", "model": "cnn3", "defense": "censor", "seed": "0"}
+    censor = json.loads(job_settings(cfg, "utility_train", **key, recipe="censor"))
+    own = PARAMS["recipes"]["censor"]["partition"]
+    assert censor["partition"] == {**PARAMS["partition"], **own}
+    assert censor["partition"]["scheme"] == "dirichlet"
+    made = json.loads(job_settings(cfg, "recipe_partition", dataset="patches", recipe="censor"))
+    assert made["partition"] == censor["partition"]
+    assert recipe_partition_file(cfg, "censor", "patches") == "data/partitions/patches.censor.json"
+    cvb = json.loads(job_settings(cfg, "utility_train", **key, recipe="cvb"))
+    assert cvb["partition"] == PARAMS["partition"]
+    assert recipe_partition_file(cfg, "cvb", "patches") == "data/partitions/patches.json"
+    assert recipe_partition_file(cfg, "common", "patches") == "data/partitions/patches.json"
+    with pytest.raises(ConfigError, match=r"recipes.censor.partition"):
+        validate(broken("recipes.censor.partition", {"scheme": "diriclet"}))
 
 
 def test_a_models_attack_settings_change_its_attacks_not_its_training():

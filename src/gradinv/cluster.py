@@ -29,6 +29,7 @@ LOCAL_RULES: dict[str, str] = {
     "fetch_generator": "downloads published weights (the network)",
     "partition_data": "seconds: a seeded split of the labels",
     "partition_convergence": "seconds: a seeded split of the labels",
+    "partition_recipe": "seconds: a seeded split of the labels",
     "select_victim": "under a second: one batch of the validation split",
     "floor": "seconds: the public split's mean image",
     "score": "seconds: metrics of a cell's reconstructions",

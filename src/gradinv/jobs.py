@@ -203,6 +203,8 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         return _dump({"partition": config["partition"], "seed": config["seed"]})
     if stage == "convergence_partition":
         return _dump({"partition": config["convergence"]["partition"], "seed": config["seed"]})
+    if stage == "recipe_partition":
+        return _dump({"partition": recipe_partition(config, w["recipe"]), "seed": config["seed"]})
     out = dict(common)
     if stage == "convergence_train":
         # The train stage's settings with the study's partition and FL setting (Figs. 7-8).
@@ -218,6 +220,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out = json.loads(job_settings(config, "train", **run))
         recipe = w.get("recipe", COMMON)
         out["fl"] = utility_fl(config, recipe)
+        out["partition"] = recipe_partition(config, recipe)
         out["seed"] = int(w["seed"])  # the run's seed, one of utility.seeds
         out["study"] = f"utility, recipe {recipe}, seed {w['seed']}"
         return _dump(out)
@@ -237,7 +240,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "utility": study,
                 "recipe_name": recipe,
                 "fl": utility_fl(config, recipe),
-                "partition": config["partition"],
+                "partition": recipe_partition(config, recipe),
                 "defenses": {d: config["defenses"][d] for d in study["defenses"]},
             }
         )
@@ -429,6 +432,20 @@ def utility_fl(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
     fl = merge(config["fl"], own)
     fl["checkpoint_rounds"] = [fl["rounds"]]
     return fl
+
+
+def recipe_partition(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
+    """The clients of a recipe's runs: ``partition``, with the recipe's own merged over it where
+    it has one (``recipes.<name>.partition``: CENSOR's non-IID clients)."""
+    own = None if recipe == COMMON else config["recipes"][recipe].get("partition")
+    return merge(config["partition"], own) if own else config["partition"]
+
+
+def recipe_partition_file(config: dict[str, Any], recipe: str, dataset: str) -> str:
+    """The partition file a recipe's runs read: the dataset's, or the recipe's own."""
+    if recipe != COMMON and config["recipes"][recipe].get("partition"):
+        return f"data/partitions/{dataset}.{recipe}.json"
+    return f"data/partitions/{dataset}.json"
 
 
 def convergence_curves_k(config: dict[str, Any]) -> int:

@@ -7,12 +7,32 @@
 # run); results/utility_<recipe>.csv: the same under a paper's recipe, for its `defenses`.
 
 RECIPES = config.get("recipes", {})
+# the recipes whose clients are their own (recipes.<name>.partition: CENSOR's non-IID split)
+PARTITIONED = [name for name, recipe in RECIPES.items() if recipe.get("partition")]
+
+
+rule partition_recipe:
+    input:
+        "data/prepared/{dataset}.pt",
+    output:
+        "data/partitions/{dataset}.{recipe}.json",
+    wildcard_constraints:
+        recipe="|".join(PARTITIONED) or "(?!)",
+    params:
+        settings=lambda w: job_settings(config, "recipe_partition", **w),
+    conda:
+        "../../environment.yml"
+    log:
+        "results/logs/partition/{dataset}.{recipe}.log",
+    shell:
+        "gradinv partition --settings {params.settings:q} --dataset {wildcards.dataset} "
+        "--prepared-dir data/prepared --out {output} > {log} 2>&1"
 
 
 rule train_utility:
     input:
         data="data/prepared/{dataset}.pt",
-        partition="data/partitions/{dataset}.json",
+        partition=lambda w: recipe_partition_file(config, w.recipe, w.dataset),
         assets=lambda w: defense_assets(config, w.defense, w.dataset),  # Refiner's network
     output:
         checkpoint="results/utility/{recipe}/{dataset}/{model}/{defense}/seed{seed}/final.pt",
