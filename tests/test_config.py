@@ -403,6 +403,9 @@ def test_a_recipe_with_its_own_clients_trains_on_its_own_partition():
     assert recipe_partition_file(cfg, "common", "patches") == "data/partitions/patches.json"
     with pytest.raises(ConfigError, match=r"recipes.censor.partition"):
         validate(broken("recipes.censor.partition", {"scheme": "diriclet"}))
+    # its clients must fill the recipe's batches (checked on the recipe's split, not the common)
+    with pytest.raises(ConfigError, match=r"recipes.censor.partition leaves a client of patches"):
+        validate(broken("recipes.censor.partition", {"scheme": "iid", "num_clients": 200}))
 
 
 def test_a_models_attack_settings_change_its_attacks_not_its_training():

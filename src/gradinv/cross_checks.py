@@ -376,8 +376,8 @@ def check_datasets(config: dict[str, Any], source: str) -> None:
             (
                 f"recipes.{n}.fl",
                 merge(fl, r["fl"]),
-                "partition",
-                config["partition"],
+                f"recipes.{n}.partition" if r.get("partition") else "partition",
+                merge(config["partition"], r.get("partition") or {}),
                 [config["utility"]["dataset"]],
             )
             for n, r in config.get("recipes", {}).items()
