@@ -376,6 +376,18 @@ def resolve_variants(blocks: dict[str, Any], section: str, source: str) -> None:
         resolve(name, ())
 
 
+#: The utility study's recipe (``utility.fl``), the same for every defense; a paper's recipe is
+#: one of ``recipes``.
+COMMON = "common"
+
+
+def recipe_partition(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
+    """The clients of a recipe's runs: ``partition``, with the recipe's own merged over it where
+    it has one (``recipes.<name>.partition``: CENSOR's non-IID clients)."""
+    own = None if recipe == COMMON else config["recipes"][recipe].get("partition")
+    return merge(config["partition"], own) if own else config["partition"]
+
+
 def table_models(config: dict[str, Any], table: str) -> list[str]:
     """The models a table attacks: its ``model``, one name or a list (CVB's Table V)."""
     return models_of(config["tables"][table])

@@ -14,6 +14,7 @@ from gradinv.config import (
     merge,
     method_settings,
     project_root,
+    recipe_partition,
     table_batch_size,
     table_models,
     table_rounds,
@@ -377,7 +378,7 @@ def check_datasets(config: dict[str, Any], source: str) -> None:
                 f"recipes.{n}.fl",
                 merge(fl, r["fl"]),
                 f"recipes.{n}.partition" if r.get("partition") else "partition",
-                merge(config["partition"], r.get("partition") or {}),
+                recipe_partition(config, n),
                 [config["utility"]["dataset"]],
             )
             for n, r in config.get("recipes", {}).items()

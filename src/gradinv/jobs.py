@@ -15,8 +15,10 @@ from typing import Any
 
 from gradinv.adaptive import shared_attacks
 from gradinv.config import (
+    COMMON,
     merge,
     method_settings,
+    recipe_partition,
     table_batch_size,
     table_models,
     table_rounds,
@@ -26,7 +28,7 @@ from gradinv.cross_checks import attack_generator
 from gradinv.methods import fact
 from gradinv.paths import evaluation_network_path, generator_path
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
-from gradinv.table_inputs import COMMON, claim_tables, scored_on, table_utility_runs
+from gradinv.table_inputs import claim_tables, scored_on, table_utility_runs
 
 
 def attack_block(
@@ -432,13 +434,6 @@ def utility_fl(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
     fl = merge(config["fl"], own)
     fl["checkpoint_rounds"] = [fl["rounds"]]
     return fl
-
-
-def recipe_partition(config: dict[str, Any], recipe: str = COMMON) -> dict[str, Any]:
-    """The clients of a recipe's runs: ``partition``, with the recipe's own merged over it where
-    it has one (``recipes.<name>.partition``: CENSOR's non-IID clients)."""
-    own = None if recipe == COMMON else config["recipes"][recipe].get("partition")
-    return merge(config["partition"], own) if own else config["partition"]
 
 
 def recipe_partition_file(config: dict[str, Any], recipe: str, dataset: str) -> str:

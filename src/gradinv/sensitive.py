@@ -22,6 +22,11 @@ DEFAULTS: dict[str, Any] = {"sensitive": "fraction", "count": 1, "fraction": 0.5
 SENSITIVE, BATCH = "sensitive", "batch"
 
 
+def scores_whole_batch(table: Mapping[str, Any]) -> bool:
+    """Whether a table block scores every sample of each batch (``scored: batch``)."""
+    return table.get("scored", SENSITIVE) == BATCH
+
+
 def rule_of(block: Mapping[str, Any]) -> dict[str, Any]:
     """The rule of a DCS² block as it decides: its kind of ``sensitive`` and the one setting
     that kind reads, with DCS²'s defaults for what the block leaves out. Two blocks that protect

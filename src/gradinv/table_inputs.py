@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.adaptive import as_run_against, attack_runs
-from gradinv.config import table_batch_size, table_models, table_rounds, table_victims
+from gradinv.config import COMMON, table_batch_size, table_models, table_rounds, table_victims
 from gradinv.methods import fact
-from gradinv.sensitive import BATCH, SENSITIVE, rule_of, whole_batch
+from gradinv.sensitive import BATCH, rule_of, scores_whole_batch, whole_batch
 from gradinv.settings import ConfigError
 from gradinv.sweeps import table_runs
 
 TRAINING_METRICS = ("accuracy", "pmm")  # the table metrics read from FL training runs
-COMMON = "common"  # the utility study's recipe (utility.fl), the same for every defense
 
 
 def table_files(config: dict[str, Any], table: str, stage: str, ext: str) -> list[str]:
@@ -161,7 +160,7 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
     partial = {r for t, (on, _) in tables.items() if on is not None for r in _runs(config, t)}
     cells: dict[tuple[str, ...], tuple[str, dict[str, Any] | str | None]] = {}
     for table, (on_table, protecting) in tables.items():
-        whole = config["tables"][table].get("scored", SENSITIVE) == BATCH
+        whole = scores_whole_batch(config["tables"][table])
         if on_table is None and not (whole and protecting) and not partial & _runs(config, table):
             continue
         for d, m, run, r, bs, a, _ in _table_runs(config, table):
@@ -202,7 +201,7 @@ def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | No
     on = next(iter(protecting.values()), None)
     if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
         on = None  # it protects every sample: the whole batch (one image of one)
-    if config["tables"][table].get("scored", SENSITIVE) == BATCH:
+    if scores_whole_batch(config["tables"][table]):
         on = None
     return on, set(protecting)
 

@@ -10,7 +10,7 @@ from typing import Any
 from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
 from gradinv.methods import fact
-from gradinv.sensitive import BATCH, SENSITIVE
+from gradinv.sensitive import scores_whole_batch
 from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path, run_path
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
@@ -73,7 +73,7 @@ def run(
     if protecting:
         setting["samples scored"] = (
             "every sample of each batch, under every defense (scored: batch)"
-            if spec.get("scored", SENSITIVE) == BATCH
+            if scores_whole_batch(spec)
             else f"the samples {', '.join(protecting)} protects, under every defense "
             "(scored: sensitive)"
         )
