@@ -329,6 +329,32 @@ def test_dvc_leaves_every_out_to_snakemake():
     assert all(persist for _, _, persist in outs), [o for o in outs if not o[2]]
 
 
+@pytest.mark.parametrize("overlay", [None, PAPER], ids=["default", "paper"])
+def test_the_data_stage_builds_every_file_under_its_outs(tmp_path, overlay):
+    """dvc.yaml's `data` stage owns data/prepared and data/partitions whole: a file that a later
+    stage wrote into them (the convergence study's clients, a recipe's own) would change the
+    data stage's outs, and `dvc status` would call it changed after every run. So `prepared_data`
+    builds every file any job of `all` writes there."""
+    root = workflow_copy(tmp_path)
+    extra = ["--configfile", overlay] if overlay else []
+
+    def written(target: str) -> set[str]:
+        proc = snakemake("-n", "--forceall", target, "--cores", "1", *extra, cwd=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {
+            path
+            for line in proc.stdout.splitlines()
+            if line.strip().startswith("output:")
+            for path in line.split(":", 1)[1].replace(",", " ").split()
+            if path.startswith(("data/prepared/", "data/partitions/"))
+        }
+
+    in_all, in_stage = written("all"), written("prepared_data")
+    # the check read the outputs: the convergence study's clients and CENSOR's recipe's
+    assert {p.split(".")[-2] for p in in_all} >= {"convergence", "censor"}
+    assert in_all <= in_stage, sorted(in_all - in_stage)
+
+
 def test_dvc_repro_after_snakemake_keeps_its_files(tmp_path):
     """`dvc repro` after Snakemake has built a stage's outs runs the stage's Snakemake target,
     which finds them up to date: the files are the ones Snakemake wrote (same inode, same time),

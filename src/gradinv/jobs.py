@@ -135,12 +135,26 @@ def generator_names(config: dict[str, Any], trained: bool) -> str:
 
 
 def prepared_files(config: dict[str, Any]) -> list[str]:
-    """Every dataset the tables use, prepared, and its client partition (dvc.yaml's `data`
-    stage: the partitions are versioned with the data, so that a clone that pulls the generators
-    and checkpoints also pulls the partitions they were made from)."""
-    datasets = sorted({d for spec in config["tables"].values() for d in spec["datasets"]})
-    return [f"data/prepared/{d}.pt" for d in datasets] + [
-        f"data/partitions/{d}.json" for d in datasets
+    """Every dataset the pipeline trains on (the tables', the utility and the convergence
+    studies'), prepared, and every client partition: each dataset's, the convergence study's and
+    each recipe's own on each dataset it trains (dvc.yaml's `data` stage, which owns
+    ``data/prepared`` and ``data/partitions`` whole: the partitions are versioned with the data,
+    so that a clone that pulls the generators and checkpoints also pulls the partitions they were
+    made from, and no later stage writes into an out of this one)."""
+    utility, convergence = config["utility"]["dataset"], config["convergence"]["dataset"]
+    tables = config["tables"].values()
+    datasets = sorted({d for spec in tables for d in spec["datasets"]} | {utility, convergence})
+    recipes = {  # each recipe's datasets: the utility study's, and those of the tables using it
+        recipe: {utility} | {d for t in tables if t.get("recipe") == recipe for d in t["datasets"]}
+        for recipe in config.get("recipes", {})
+    }
+    own = {recipe_partition_file(config, r, d) for r, ds in recipes.items() for d in ds}
+    partitions = [f"data/partitions/{d}.json" for d in datasets]
+    return [
+        *(f"data/prepared/{d}.pt" for d in datasets),
+        *partitions,
+        f"data/partitions/{convergence}.convergence.json",
+        *sorted(own - set(partitions)),
     ]
 
 

@@ -68,6 +68,6 @@ rule select_victim:
 
 
 rule prepared_data:
-    # Every dataset a table uses and its client partition (dvc.yaml's `data` stage builds this).
+    # Every dataset the pipeline trains on and every client partition (dvc.yaml's `data` stage).
     input:
         prepared_files(config),
