@@ -10,6 +10,7 @@ import difflib
 from typing import Any
 
 from gradinv.config import (
+    COMMON,
     REPO_ROOT,
     merge,
     method_settings,
@@ -57,6 +58,13 @@ def check_references(config: dict[str, Any], source: str) -> None:
                 raise ConfigError(
                     f"{source}: tables.{table}.model: {model!r} is not defined under models."
                 )
+        recipe, recipes = spec.get("recipe", COMMON), config.get("recipes", {})
+        if recipe != COMMON and recipe not in recipes:
+            close = difflib.get_close_matches(recipe, recipes, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source}: tables.{table}.recipe: {recipe!r} is not defined under recipes.{hint}"
+            )
     study = config.get("client_time")
     if study:
         # paper_models may name a model the overlay does not time, but a defined one
@@ -209,12 +217,6 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
                     f"starting with @ is {STOCHASTIC!r} (the layers after a random draw)."
                 )
     recipes = config.get("recipes", {})
-    for table, spec in config["tables"].items():
-        recipe = spec.get("recipe", "common")
-        if recipe != "common" and recipe not in recipes:
-            close = difflib.get_close_matches(recipe, recipes, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            fail(f"tables.{table}.recipe: {recipe!r} is not defined under recipes.{hint}")
     for name, recipe in recipes.items():
         unknown = [d for d in recipe["defenses"] if d not in config["defenses"]]
         if unknown:
@@ -356,8 +358,10 @@ def check_datasets(config: dict[str, Any], source: str) -> None:
     from gradinv.data.partition import PartitionSettings
     from gradinv.settings import from_mapping
     from gradinv.stages.prepare import client_parts
+    from gradinv.table_inputs import trained_datasets
 
     fl = config["fl"]
+    trained = trained_datasets(config)
     trainings = [  # (where, the FL setting, the partition, the dataset(s) it trains on)
         (
             "fl",
@@ -371,7 +375,7 @@ def check_datasets(config: dict[str, Any], source: str) -> None:
             merge(fl, config["utility"]["fl"]),
             "partition",
             config["partition"],
-            [config["utility"]["dataset"]],
+            trained[COMMON],
         ),
         *(
             (
@@ -379,7 +383,7 @@ def check_datasets(config: dict[str, Any], source: str) -> None:
                 merge(fl, r["fl"]),
                 f"recipes.{n}.partition" if r.get("partition") else "partition",
                 recipe_partition(config, n),
-                [config["utility"]["dataset"]],
+                trained[n],
             )
             for n, r in config.get("recipes", {}).items()
         ),

@@ -28,7 +28,12 @@ from gradinv.cross_checks import attack_generator
 from gradinv.methods import fact
 from gradinv.paths import evaluation_network_path, generator_path
 from gradinv.sweeps import shared_runs, sweep_points, table_runs
-from gradinv.table_inputs import claim_tables, scored_on, table_utility_runs
+from gradinv.table_inputs import (
+    claim_tables,
+    scored_on,
+    table_utility_runs,
+    trained_datasets,
+)
 
 
 def attack_block(
@@ -144,11 +149,11 @@ def prepared_files(config: dict[str, Any]) -> list[str]:
     utility, convergence = config["utility"]["dataset"], config["convergence"]["dataset"]
     tables = config["tables"].values()
     datasets = sorted({d for spec in tables for d in spec["datasets"]} | {utility, convergence})
-    recipes = {  # each recipe's datasets: the utility study's, and those of the tables using it
-        recipe: {utility} | {d for t in tables if t.get("recipe") == recipe for d in t["datasets"]}
-        for recipe in config.get("recipes", {})
+    own = {
+        recipe_partition_file(config, recipe, d)
+        for recipe, trained in trained_datasets(config).items()
+        for d in trained
     }
-    own = {recipe_partition_file(config, r, d) for r, ds in recipes.items() for d in ds}
     partitions = [f"data/partitions/{d}.json" for d in datasets]
     return [
         *(f"data/prepared/{d}.pt" for d in datasets),

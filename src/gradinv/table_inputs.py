@@ -232,7 +232,7 @@ def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
     per dataset, model, run the table reads (a shared sweep point's base) and seed
     (``utility.seeds``), and no defense's for PMM."""
     spec = config["tables"][table]
-    if not set(spec.get("metrics", ())) & set(TRAINING_METRICS):
+    if not shows_training(spec):
         return []
     defenses = list(dict.fromkeys([*table_runs(config, table), "none"]))
     recipe = spec.get("recipe", COMMON)
@@ -243,6 +243,25 @@ def table_utility_runs(config: dict[str, Any], table: str) -> list[str]:
         for f in defenses
         for s in config["utility"]["seeds"]
     ]
+
+
+def shows_training(spec: dict[str, Any]) -> bool:
+    """Whether a table block shows what its defenses cost (metrics accuracy or pmm), read from
+    FL training runs under its recipe."""
+    return bool(set(spec.get("metrics", ())) & set(TRAINING_METRICS))
+
+
+def trained_datasets(config: dict[str, Any]) -> dict[str, list[str]]:
+    """The datasets each recipe's training runs train on, by recipe (``common`` first): the
+    utility study's under every recipe (results/utility.csv, each utility_<recipe>.csv), and
+    the datasets of each table that shows accuracy or PMM under the table's recipe
+    (:func:`table_utility_runs`). The data stage prepares their partitions, and the cross-checks
+    check each recipe's batch size against its clients there."""
+    trained = {r: {config["utility"]["dataset"]} for r in [COMMON, *config.get("recipes", {})]}
+    for spec in config["tables"].values():
+        if shows_training(spec):
+            trained[spec.get("recipe", COMMON)].update(spec["datasets"])
+    return {recipe: sorted(datasets) for recipe, datasets in trained.items()}
 
 
 def claim_tables(config: dict[str, Any]) -> list[str]:
