@@ -284,6 +284,27 @@ def test_an_attack_at_the_floor_without_a_defense_decides_nothing(tmp_path):
     assert by_attack.loc[0, "verdict"] == "undecidable"  # GI, one of the two, is at the floor
 
 
+def test_the_floor_check_counts_each_undefended_victim_once(tmp_path):
+    """Tables that share runs list the same victims: Table I's undefended IG victims are also
+    CENSOR's variants' and CVB's. The floor check takes the median over the victims, each once,
+    not over the tables' rows (which weigh the victims the most tables share)."""
+    floor = {"psnr": 14.0}
+    gains = [-1.0, -1.0, 2.0, 3.0]  # the median victim beats the floor (by 0.5 dB)
+    table1 = _victims(
+        {
+            ("none", "ig", "psnr"): [14.0 + g for g in gains],
+            ("censor", "ig", "psnr"): [8.0, 9.0, 8.5, 9.5],
+        },
+        floor=floor,
+    )
+    shared = table1[table1["victim"] < 2]  # two more tables that read victims 0 and 1
+    undefended = pd.concat([table1, shared, shared], ignore_index=True)
+    check = _check(metrics=["psnr"], relation="better", over=["dataset"])
+    row = evaluate(_claims(tmp_path, check), {"t": table1}, "embedded", undefended=undefended)
+    assert row.loc[0, "verdict"] != "undecidable"  # per row the median gain would be -1 dB
+    assert row.loc[0, "undecidable_groups"] == 0
+
+
 def test_the_floor_check_says_which_round_it_used_and_when_it_had_none(tmp_path):
     """The undefended attack is looked up at the group's round, else the earliest round with
     one, and the evidence says so; with none anywhere the group is decided unchecked, and says

@@ -49,8 +49,16 @@ def strict(monkeypatch):
     monkeypatch.setenv("GRADINV_FIGURE_CHECK", "strict")
 
 
-def records(defenses, attacks, victims, *, lpips=True):
+# a sweep of every defense at several strengths (the frontier's table): 40 bars a panel per attack
+SWEEP = [f"{d}_{k}" for d in DEFENSES[1:] for k in range(6)][:39]
+LABELS |= {s: f"{LABELS[s.rsplit('_', 1)[0]]} strength={s[-1]}" for s in SWEEP}
+
+
+def records(defenses, attacks, victims, *, lpips=True, failed=0):
+    """Per-victim records; the first ``failed`` victims of each cell failed (no metrics)."""
     rng = np.random.default_rng(0)
+    failure = {"status": "failed", "failure": "non-finite loss", "psnr": None, "mse": None,
+               "ssim": None, "lpips": None}  # fmt: skip
     return [
         {
             **run("none", "ig", v),
@@ -68,18 +76,27 @@ def records(defenses, attacks, victims, *, lpips=True):
                 if lpips
                 else {"lpips": None, "lpips_status": "unavailable", "lpips_error": LPIPS_MISSING}
             ),
+            **(failure if v < failed else {}),
         }
         for d, a, v in itertools.product(defenses, attacks, range(victims))
     ]
 
 
 @pytest.mark.parametrize(
-    ("defenses", "attacks", "victims"),
-    [(DEFENSES[:1], ATTACKS[:1], 1), (DEFENSES[:2], ATTACKS[:2], 3), (DEFENSES, ATTACKS, 4)],
-    ids=["one-cell", "small", "table-i"],
+    ("defenses", "attacks", "victims", "failed"),
+    [
+        (DEFENSES[:1], ATTACKS[:1], 1, 0),
+        (DEFENSES[:2], ATTACKS[:2], 3, 0),
+        (DEFENSES, ATTACKS, 4, 0),
+        (DEFENSES, ATTACKS, 4, 1),  # a "1 failed" note under every bar
+        (["none", *SWEEP], ATTACKS[:4], 3, 1),
+    ],
+    ids=["one-cell", "small", "table-i", "table-i-a-failure-a-cell", "forty-defenses"],
 )
-def test_a_table_figure_has_no_overlapping_text_at_any_size(tmp_path, defenses, attacks, victims):
-    rows = records(defenses, attacks, victims, lpips=False)
+def test_a_table_figure_has_no_overlapping_text_at_any_size(
+    tmp_path, defenses, attacks, victims, failed
+):
+    rows = records(defenses, attacks, victims, lpips=False, failed=failed)
     paths = render_records(tmp_path, rows, tmp_path / "out")  # strict: an overlap would raise
     with Image.open(paths["figure"]) as img:
         assert img.format == "PNG" and img.width > 300

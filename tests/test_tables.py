@@ -16,6 +16,7 @@ from PIL import Image
 
 from gradinv.io import write_json
 from gradinv.tables import (
+    GridEntry,
     MetricsFileError,
     TableError,
     collect,
@@ -416,6 +417,35 @@ def test_reconstruction_grid_writes_a_png(tmp_path):
     entries[0]["original"] = torch.zeros(3, 8, 8)
     with pytest.raises(TableError, match="two different originals"):
         reconstruction_grid(entries, out, "")
+
+
+def test_a_failed_attack_is_a_labelled_tile_in_the_grid(tmp_path, monkeypatch):
+    """A victim whose attack failed has no reconstruction (None, from the scoring stage's
+    pair): its tile says so, and the table's figure is drawn, not refused."""
+    from gradinv.stages.common import first_scored_pair
+    from gradinv.tables import grid
+
+    secret = {"images": torch.rand(1, 3, 8, 8)}
+    original, failed = first_scored_pair(
+        {"status": "failed"}, {"status": "failed", "failure": "non-finite loss"}, secret
+    )
+    assert failed is None
+    drawn = []
+
+    def draw(ax, image):
+        drawn.append(image if isinstance(image, str) else type(image).__name__)
+        return real_draw(ax, image)
+
+    real_draw = grid._draw
+    monkeypatch.setattr(grid, "_draw", draw)
+    entries = [
+        GridEntry("patches", "No Defense", "DLG", 0, original, torch.rand(3, 8, 8)),
+        GridEntry("patches", "Censor", "DLG", 0, original, failed),
+    ]
+    out = tmp_path / "grid.png"
+    reconstruction_grid(entries, out, "Fig. 6. Scale: embedded.")
+    assert out.exists()
+    assert drawn == ["ndarray", "ndarray", "ndarray", "failed"]  # originals, then the cells
 
 
 def test_malformed_files_are_named(tmp_path):

@@ -79,6 +79,8 @@ GROUP_VERDICTS = ("holds", "fails", "inconclusive", "undecidable")
 # float32 images give (an error of one part in 2^24 is about 144 dB).
 EXACT_PSNR = 200.0
 FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
+# A victim's run: the tables that share it list it once each, with the same values
+VICTIM_KEYS = (*FLOOR_KEYS, "defense", "victim")
 # The floored metric a claim's metric is checked through when the floor does not score it: the
 # attack success rate is the share of a victim's images above an SSIM threshold
 FLOOR_PROXY = {"attack_success": "ssim"}
@@ -368,8 +370,11 @@ def _floor(
 
 
 def _undefended(victims: pd.DataFrame, context: Mapping[str, Any]) -> pd.DataFrame | None:
-    """The undefended victims of an attack cell: the same keys, else the earliest round."""
-    rows = victims[victims["defense"] == UNDEFENDED]
+    """The undefended victims of an attack cell: the same keys, else the earliest round; each
+    victim once, however many tables read its run (Table I's victims are also CENSOR's
+    variants', CVB's and the frontier's: a victim counted once per table would weigh the
+    median gain towards the victims the most tables share)."""
+    rows = victims[victims["defense"] == UNDEFENDED].drop_duplicates(list(VICTIM_KEYS))
     for column in ("dataset", "model", "attack", "batch_size"):
         if context.get(column) is not None:
             rows = rows[rows[column].astype(str) == str(context[column])]

@@ -175,11 +175,17 @@ def table_figure(
     xs = list(dict.fromkeys(long[f"{x_col}_label"]))
     colors = sns.color_palette("colorblind", len(attacks))
     width = 0.8 / max(len(attacks), 1)
+    panel_width, per_row = _bar_panels(len(xs), len(attacks), len(metrics), long["failed"].gt(0))
+    metric_rows = math.ceil(len(metrics) / per_row)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
-        fig = Figure(figsize=(3.2 * len(metrics), 3.6 * len(facets) + 0.8))
-        axes = fig.subplots(len(facets), len(metrics), squeeze=False)
+        fig = Figure(figsize=(panel_width * per_row, 3.6 * len(facets) * metric_rows + 0.8))
+        axes = fig.subplots(len(facets) * metric_rows, per_row, squeeze=False)
+        for i, j in itertools.product(
+            range(len(facets)), range(len(metrics), per_row * metric_rows)
+        ):
+            fig.delaxes(axes[i * metric_rows + j // per_row][j % per_row])  # a row's empty end
         for (i, facet), (j, metric) in itertools.product(enumerate(facets), enumerate(metrics)):
-            ax = axes[i][j]
+            ax = axes[i * metric_rows + j // per_row][j % per_row]
             panel = long[(facet_key == facet) & (long["metric"] == metric)]
             title = f"{facet} — {metric_header(metric)}" if facet else metric_header(metric)
             ax.set_title(title)
@@ -234,12 +240,27 @@ def table_figure(
             if not _say_why_empty(ax, panel):
                 ax.set_ylabel(metric_axis_label(metric), fontsize=8)
             ax.set_xticks(np.arange(len(xs)), xs, rotation=90)  # upright: boxes never overlap
-            if i == len(facets) - 1:
+            if i == len(facets) - 1 and j // per_row == metric_rows - 1:
                 ax.set_xlabel(x_col)
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=len(attacks), frameon=False)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
         save_figure(fig, out_path, caption)
+
+
+# A bar chart's panels: at least PANEL_INCHES wide, and as wide as their bars need: a tick
+# label's height (TICK_INCHES) per x value, and where a bar's "n failed" note is drawn, the
+# note's height (NOTE_INCHES) per bar, beside a y axis (AXIS_INCHES); as many panels a row as
+# fit in FIGURE_INCHES (a wide sweep: one a row).
+PANEL_INCHES, FIGURE_INCHES, AXIS_INCHES, TICK_INCHES, NOTE_INCHES = 3.2, 16.0, 0.9, 0.14, 0.11
+
+
+def _bar_panels(xs: int, hues: int, panels: int, failed: pd.Series) -> tuple[float, int]:
+    """The width of each panel of a bar chart (inches) and how many panels a row holds."""
+    bars = xs * max(hues, 1)
+    needed = max(TICK_INCHES * xs, NOTE_INCHES * bars if failed.any() else 0.0) + AXIS_INCHES
+    width = max(PANEL_INCHES, needed)
+    return width, max(1, min(panels, int(FIGURE_INCHES // width)))
 
 
 def sweep_figure(

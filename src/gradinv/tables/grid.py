@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from gradinv.tables.aggregate import TableError
 from gradinv.tables.figures import DPI, save_figure
 
+MISSING, FAILED = "missing", "failed"  # what a tile without an image says
+
 
 @dataclass(frozen=True)
 class GridEntry:
@@ -26,7 +28,7 @@ class GridEntry:
     attack_label: str
     victim: int
     original: Any  # float tensor or array (C, H, W) in [0, 1]
-    reconstruction: Any
+    reconstruction: Any  # the same, or None where the attack failed (no image to show)
 
 
 def _as_entry(entry: GridEntry | Mapping[str, Any]) -> GridEntry:
@@ -62,7 +64,8 @@ def reconstruction_grid(
     caller decides the layout. Two different originals for the same (dataset, victim) are an
     error: the grid would otherwise compare a reconstruction against the wrong image. A
     non-finite reconstruction (failed run) and a missing one are labelled in place, not left
-    blank; a (defense, attack) that was not run at all is an empty cell.
+    blank; so is a failed attack (reconstruction ``None``); a (defense, attack) that was not run
+    at all is an empty cell.
     """
     items = [_as_entry(e) for e in entries]
     if not items:
@@ -75,7 +78,7 @@ def reconstruction_grid(
             shown[e.dataset].append(e.victim)
     width = max(len(v) for v in shown.values())
     originals: dict[tuple[str, int], np.ndarray | None] = {}
-    cells: dict[tuple[str, str, str, int], np.ndarray | None] = {}
+    cells: dict[tuple[str, str, str, int], np.ndarray | str | None] = {}
     side = 0
     for e in items:
         col = (e.dataset, e.victim)
@@ -84,8 +87,12 @@ def reconstruction_grid(
             raise TableError(f"reconstruction_grid: two different originals for {col}.")
         originals[col] = original
         side = max(side, 0 if original is None else original.shape[0])
-        cells[(e.dataset, e.defense_label, e.attack_label, e.victim)] = _image(
-            e.reconstruction, f"reconstruction of {e.defense_label}/{e.attack_label}/{col}"
+        cells[(e.dataset, e.defense_label, e.attack_label, e.victim)] = (
+            FAILED
+            if e.reconstruction is None
+            else _image(
+                e.reconstruction, f"reconstruction of {e.defense_label}/{e.attack_label}/{col}"
+            )
         )
     ran = {(d, row, a) for d, row, a, _ in cells}
     # a tile of at least 0.64 inch: a 32x32 image at two screen pixels per pixel
@@ -123,7 +130,7 @@ def reconstruction_grid(
                     empty = victim is None
                 else:
                     empty = victim is None or (dataset, row, group) not in ran
-                    image = cells.get((dataset, row, group, victim), "missing")
+                    image = cells.get((dataset, row, group, victim), MISSING)
                 if empty:
                     ax.axis("off")
                 else:
@@ -148,7 +155,8 @@ def reconstruction_grid(
 
 
 def _draw(ax: Any, image: np.ndarray | str | None) -> None:
-    """An image pixel for pixel, or what stands in its place ("missing", "non-finite")."""
+    """An image pixel for pixel, or what stands in its place: its label ("missing",
+    "failed"), or "non-finite" (``None``)."""
     if isinstance(image, np.ndarray):
         ax.imshow(
             image,
@@ -161,7 +169,7 @@ def _draw(ax: Any, image: np.ndarray | str | None) -> None:
     ax.text(
         0.5,
         0.5,
-        "missing" if isinstance(image, str) else "non-\nfinite",
+        image if isinstance(image, str) else "non-\nfinite",
         ha="center",
         va="center",
         fontsize=6,
