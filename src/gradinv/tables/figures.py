@@ -175,7 +175,9 @@ def table_figure(
     xs = list(dict.fromkeys(long[f"{x_col}_label"]))
     colors = sns.color_palette("colorblind", len(attacks))
     width = 0.8 / max(len(attacks), 1)
-    panel_width, per_row = _bar_panels(len(xs), len(attacks), len(metrics), long["failed"].gt(0))
+    panel_width, per_row = _bar_panels(
+        len(xs), len(attacks), len(metrics), noted=bool(long["failed"].gt(0).any())
+    )
     metric_rows = math.ceil(len(metrics) / per_row)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         fig = Figure(figsize=(panel_width * per_row, 3.6 * len(facets) * metric_rows + 0.8))
@@ -255,10 +257,11 @@ def table_figure(
 PANEL_INCHES, FIGURE_INCHES, AXIS_INCHES, TICK_INCHES, NOTE_INCHES = 3.2, 16.0, 0.9, 0.14, 0.11
 
 
-def _bar_panels(xs: int, hues: int, panels: int, failed: pd.Series) -> tuple[float, int]:
-    """The width of each panel of a bar chart (inches) and how many panels a row holds."""
+def _bar_panels(xs: int, hues: int, panels: int, *, noted: bool) -> tuple[float, int]:
+    """The width of each panel of a bar chart (inches) and how many panels a row holds;
+    ``noted``: some bar carries an "n failed" note."""
     bars = xs * max(hues, 1)
-    needed = max(TICK_INCHES * xs, NOTE_INCHES * bars if failed.any() else 0.0) + AXIS_INCHES
+    needed = max(TICK_INCHES * xs, NOTE_INCHES * bars if noted else 0.0) + AXIS_INCHES
     width = max(PANEL_INCHES, needed)
     return width, max(1, min(panels, int(FIGURE_INCHES // width)))
 

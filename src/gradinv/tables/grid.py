@@ -63,9 +63,8 @@ def reconstruction_grid(
     Rows, attacks and victims follow their order of first appearance in ``entries``, so the
     caller decides the layout. Two different originals for the same (dataset, victim) are an
     error: the grid would otherwise compare a reconstruction against the wrong image. A
-    non-finite reconstruction (failed run) and a missing one are labelled in place, not left
-    blank; so is a failed attack (reconstruction ``None``); a (defense, attack) that was not run
-    at all is an empty cell.
+    non-finite reconstruction, a failed attack's (``None``) and a missing one are each labelled
+    in place, not left blank; a (defense, attack) that was not run at all is an empty cell.
     """
     items = [_as_entry(e) for e in entries]
     if not items:
