@@ -16,7 +16,9 @@ job-seconds sum over (a rule without one, such as ``select_victim``, counts in n
 The share needs the job-time of ``all`` at that commit: ``--job-seconds-*`` (the sum of a
 measured run's job seconds) or ``--benchmarks-*`` (a measured run's ``results/benchmarks``
 folder, whose ``s`` columns are summed). Without them the script prints the start-up
-job-seconds and the job counts alone.
+job-seconds and the job counts alone. For a run that stopped and resumed, or was paused, take
+the job-seconds from ``benchmarks/run_log.py`` (its ``benchmark:`` files keep each job's last
+attempt only and count the pauses).
 """
 
 from __future__ import annotations
