@@ -1,18 +1,19 @@
 """Soteria: what does one defended client update cost, batched or feature by feature?
 
-    python benchmarks/soteria.py [--repeats 3] [--device cpu] [--threads T]
+    python benchmarks/soteria.py [--repeats 3] [--device cpu] [--threads T] [--batch 8]
         [--models resnet18 cnn3 lenet]
 
 On each model (ResNet-18 with the small-image stem at width 64, the 3-layer CNN, LeNet), 32x32,
-batch 8, untrained (seed 0), eval mode, on ``--device`` (CUDA when present, else the CPU): the
-median seconds over ``--repeats`` runs of an undefended client update (one gradient) and of a
-Soteria update (prune 0.1) with ``derivatives`` ``batched`` (``torch.func.vmap`` over the
-features) and ``per_feature`` (the official code's loop, one backward pass per feature). One
-undefended update warms up first; a Soteria update runs one backward pass per feature of the
-classifier's input (512, 1024 and 768 here), so one-time costs are amortized within it. Ratios:
-each over the undefended update, and per_feature over batched (the speedup of batching). Both
-must prune the same features (exit code 1 otherwise). Also the features whose ratio is 0 (dead
-ReLU units): when they exceed a tenth, the 10th percentile is 0 and nothing is pruned.
+batch ``--batch`` (8; DCS²'s recipe trains with 64), untrained (seed 0), eval mode, on
+``--device`` (CUDA when present, else the CPU): the median seconds over ``--repeats`` runs of an
+undefended client update (one gradient) and of a Soteria update (prune 0.1) with ``derivatives``
+``batched`` (``torch.func.vmap`` over the features) and ``per_feature`` (the official code's
+loop, one backward pass per feature). One undefended update warms up first; a Soteria update
+runs one backward pass per feature of the classifier's input (512, 1024 and 768 here), so
+one-time costs are amortized within it. Ratios: each over the undefended update, and per_feature
+over batched (the speedup of batching). Both must prune the same features (exit code 1
+otherwise). Also the features whose ratio is 0 (dead ReLU units): when they exceed a tenth, the
+10th percentile is 0 and nothing is pruned.
 
 Prints a markdown table and writes results/benchmarks/soteria.json.
 """
@@ -32,15 +33,15 @@ from gradinv.defenses import build_defense, gradients_of
 from gradinv.models import build_model, classifier_layer
 from gradinv.protocol import ModelSpec
 
-BATCH, SIZE = 8, 32
+SIZE = 32
 SETTINGS = {"resnet18": {"small_image_stem": True, "width": 64}, "cnn3": {}, "lenet": {}}
 
 
-def row(name: str, device: torch.device, repeats: int) -> dict[str, object]:
+def row(name: str, device: torch.device, repeats: int, batch: int) -> dict[str, object]:
     model = build_model(ModelSpec(name, 10, 3, SIZE, SETTINGS[name]), seed=0).to(device).eval()
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(BATCH, 3, SIZE, SIZE, generator=g).to(device)
-    y = torch.arange(BATCH, device=device) % 10
+    x = torch.rand(batch, 3, SIZE, SIZE, generator=g).to(device)
+    y = torch.arange(batch, device=device) % 10
     fc_name, fc = classifier_layer(model)
 
     def plain():
@@ -108,18 +109,19 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
-    rows = [row(name, device, a.repeats) for name in a.models]
+    rows = [row(name, device, a.repeats, a.batch) for name in a.models]
     report = {
         "machine": {
             "cpu_threads": a.threads,
             "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
             "torch": torch.__version__,
         },
-        "batch": BATCH,
+        "batch": a.batch,
         "image_size": SIZE,
         "repeats": a.repeats,
         "rows": rows,
