@@ -366,7 +366,15 @@ def test_a_papers_recipe_trains_its_runs_as_its_code_does():
     )
     report = json.loads(job_settings(cfg, "utility_report", recipe="censor"))
     assert report["utility"]["defenses"] == PARAMS["recipes"]["censor"]["defenses"]
-    assert report["fl"]["lr"] == 0.1 and "CENSOR's recipe" in report["utility"]["title"]
+    assert "CENSOR's recipe" in report["utility"]["title"]
+    # the paper's lr 0.1 in the paper overlay; the default scale's CNN trains at 0.05 (at 0.1 it
+    # diverged without a defense: docs/censor.md, "CENSOR's recipe")
+    paper = validate(load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",)))
+    at_scale = {
+        "default": report["fl"]["lr"],
+        "paper": json.loads(job_settings(paper, "utility_report", recipe="censor"))["fl"]["lr"],
+    }
+    assert at_scale == {"default": 0.05, "paper": 0.1}
     with pytest.raises(ConfigError, match=r"tables.cvb_table5.recipe: 'cbv' is not defined"):
         validate(broken("tables.cvb_table5.recipe", "cbv"))
     with pytest.raises(ConfigError, match=r"recipes.cvb.fl.momentum: a FedAvg client's setting"):
