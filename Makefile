@@ -52,8 +52,9 @@ dvc-lock: env
 	rm -f dvc.lock  # a stage recorded before, run on other code, would stay stale
 	$(BIN)/dvc repro data generators evalnet
 
+# --durations: the slowest tests close every run, to see where CI's time goes
 test: env
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q --durations=25
 
 test-fast: env
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q -m "not slow"
