@@ -54,10 +54,10 @@ dvc-lock: env
 
 # --durations: the slowest tests close every run, to see where CI's time goes
 test: env
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q --durations=25
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25
 
 test-fast: env
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q -m "not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow"
 
 lint: env
 	$(BIN)/ruff check src tests

@@ -32,3 +32,16 @@ def server(tmp_path) -> Iterator[Server]:
     s = Server(tmp_path / "www")
     yield s
     s.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of end-to-end runs first, the one with the most of them at the head, so that
+    under ``make test`` (files shared between two workers in this order:
+    ``--no-loadscope-reorder``) the many short files fill both workers' last minutes. In
+    pytest-xdist's own order, the files with the fewest tests first, these few-test files of
+    5-18 minutes each came last, and one worker ran alone while the other had finished."""
+    slow: dict[object, int] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            slow[item.path] = slow.get(item.path, 0) + 1
+    items.sort(key=lambda item: -slow.get(item.path, 0))  # stable: a file's own order stays

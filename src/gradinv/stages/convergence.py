@@ -19,7 +19,7 @@ import pandas as pd
 
 from gradinv.io import atomic_path, read_json
 from gradinv.stages.common import project_path
-from gradinv.stages.utility import defense_rates, final_accuracy
+from gradinv.stages.summary import defense_rates, final_accuracy
 from gradinv.tables.figures import curve_figure, figure_caption
 from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv

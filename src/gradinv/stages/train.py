@@ -32,6 +32,7 @@ from gradinv.stages.common import (
     training_client,
     update_lr,
 )
+from gradinv.stages.summary import defense_rates
 
 
 def run(
@@ -172,8 +173,6 @@ def _track(settings: dict[str, Any], summary: dict[str, Any]) -> None:
             if key != "round":
                 history.setdefault(key, []).append((int(row["round"]), float(value)))
     final = {k: v[-1][1] for k, v in history.items()}
-    from gradinv.stages.utility import defense_rates
-
     for key, value in defense_rates(summary).items():  # CENSOR: over the whole run
         if value is not None:
             final[f"run_{key}"] = value

@@ -24,13 +24,13 @@ its failed seeds, and its statistics are over the seeds that finished.
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from gradinv.io import atomic_path, read_json
+from gradinv.stages.summary import accuracy_spread, defense_rates, final_accuracy
 from gradinv.stats import mean_over_seeds, paired_seeds
 from gradinv.tables.html import write_markdown_page
 from gradinv.tables.render import write_csv
@@ -225,45 +225,6 @@ def training_metrics(
         missing = "" if ratios else "no finished run without defense at the same seed"
         pmm[key] = (ratios, "; ".join(filter(None, [*why.get(key, []), missing])))
     return {"accuracy": accuracy, "pmm": pmm}
-
-
-def final_accuracy(summary: dict[str, Any], last: int) -> tuple[float | None, int | None]:
-    """Test accuracy (%) of a finished run, the mean of its ``last`` evaluations, and the last
-    evaluated round; None if it failed."""
-    evals = _last_evaluations(summary, last)
-    if summary["status"] != "ok" or not evals:
-        return None, None
-    mean = sum(float(p["test_accuracy"]) for p in evals) / len(evals)
-    return 100.0 * mean, int(evals[-1]["round"])
-
-
-def _last_evaluations(summary: dict[str, Any], last: int) -> list[dict[str, Any]]:
-    return [p for p in summary["history"] if "test_accuracy" in p][-last:]
-
-
-def defense_rates(summary: dict[str, Any]) -> dict[str, float | None]:
-    """Over a whole training run, CENSOR's share of client updates that were the raw gradient
-    (``raw_gradient_rate``: Algorithm 1's fallback) and in which no candidate beat the
-    undefended loss (``fallback_rate``); None for a defense that counts neither. Per round they
-    are in the run's history (and MLflow)."""
-    stats = summary.get("defense_stats") or {}
-    updates = stats.get("updates")
-    if not updates or "fallbacks" not in stats:
-        return {"raw_gradient_rate": None, "fallback_rate": None}
-    return {
-        "raw_gradient_rate": stats.get("raw_shared", 0) / updates,
-        "fallback_rate": stats["fallbacks"] / updates,
-    }
-
-
-def accuracy_spread(summary: dict[str, Any], last: int) -> float | None:
-    """The sample standard deviation (percentage points) of the ``last`` evaluations that
-    :func:`final_accuracy` averages: how far one run's reading moves from one evaluation to the
-    next."""
-    evals = [float(p["test_accuracy"]) for p in _last_evaluations(summary, last)]
-    if summary["status"] != "ok" or len(evals) < 2:
-        return None
-    return 100.0 * statistics.stdev(evals)
 
 
 def _finite(value: Any) -> bool:

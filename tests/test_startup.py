@@ -1,0 +1,53 @@
+"""A job's start-up: every job is a process that imports torch before it does any work, and at
+the default scale most jobs work for seconds, so what else a job imports is paid hundreds of
+times over (``benchmarks/startup.py`` measures the share). The libraries below cost a job 1 to 5
+seconds each on a 2-core machine and belong to the reports and to MLflow, not to the jobs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+# matplotlib and seaborn draw the reports' figures, pandas holds their tables, and mlflow is
+# imported once per workflow, when the deferred runs are logged (tracking.defer)
+REPORT_ONLY = ("matplotlib", "seaborn", "pandas", "mlflow")
+
+SCRIPT = f"""
+import os, sys
+sys.path.insert(0, {str(TESTS)!r})
+from pathlib import Path
+from stages import Stages
+
+root = Path(sys.argv[1])
+os.environ.update(GRADINV_PROJECT_ROOT=str(root), GRADINV_TRACKING_ENABLED="true",
+                  GRADINV_TRACKING_DEFER="true", GRADINV_TRACKING_EXPERIMENT="startup")
+jobs = Stages(root)
+for job in (jobs.prepare, jobs.partition_data, jobs.train, jobs.floor_image, jobs.select_victim,
+            jobs.capture_update, jobs.run_attack, jobs.score):
+    assert job() == 0, job.__name__
+    print("after", job.__name__, *sorted(m for m in {REPORT_ONLY!r} if m in sys.modules), flush=True)
+"""
+
+
+def test_the_jobs_of_a_cell_import_nothing_of_the_reports_or_mlflow(tmp_path):
+    """From data preparation to scoring, each job run to its end with deferred tracking (the
+    default): a training job's run logged beside the store, not through MLflow; a job that
+    reads a training summary does it without the report's tables and figures."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("after ")]
+    assert [job for job, *_ in lines] == [
+        "prepare",
+        "partition_data",
+        "train",
+        "floor_image",
+        "select_victim",
+        "capture_update",
+        "run_attack",
+        "score",
+    ]
+    assert [line for line in lines if line[1:]] == []  # each job, and what it loaded
+    assert list(tmp_path.glob("mlflow.db.pending/*")), "the training and scoring runs are pending"
