@@ -235,6 +235,7 @@ def test_killed_snakemake_resumes_without_recomputing_finished_jobs(tmp_path, si
         time.sleep(0.2)
     if sig == signal.SIGINT:
         _interrupt(proc, log)
+        assert "in __onerror" not in log.read_text()  # the Snakefile's handler ran to its end
     else:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=120)

@@ -581,3 +581,19 @@ def test_a_job_slurm_stopped_is_explained_with_the_limit_to_raise():
     again = cluster.explain_slurm_failures(SUBMISSIONS, cfg, lambda ids: {"41": "TIMEOUT"})
     assert again and "runtime was 30 minutes (cluster.resources.train)" in again[0]
     assert cluster.explain_slurm_failures("no submissions", cfg, lambda ids: states) == []
+
+
+def test_onerror_reads_every_log_file_snakemake_passes(tmp_path, capsys):
+    """Snakemake 9 gives ``onerror`` the list of its log files, not one path: a failed run's
+    handler read it as a path and ended the run with a TypeError from the Snakefile."""
+    from gradinv import cluster
+
+    log = tmp_path / "run.snakemake.log"
+    log.write_text(SUBMISSIONS)
+    states = {"41": "TIMEOUT"}
+    cluster.report_slurm_failures(
+        [str(log), str(tmp_path / "gone.log")], PARAMS, lambda ids: states
+    )
+    assert "train (SLURM job 41, state TIMEOUT)" in capsys.readouterr().err
+    cluster.report_slurm_failures([], PARAMS, lambda ids: states)  # a run without a log file
+    assert capsys.readouterr().err == ""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,10 +178,13 @@ def explain_slurm_failures(
     return list(messages.values())
 
 
-def report_slurm_failures(log: str | Path | None, config: dict[str, Any]) -> None:
-    """Print :func:`explain_slurm_failures` for the run whose Snakemake log is ``log`` (the
-    Snakefile's ``onerror``)."""
-    if not log or not Path(log).exists():
-        return
-    for message in explain_slurm_failures(Path(log).read_text(errors="replace"), config):
+def report_slurm_failures(
+    logs: Sequence[str | Path] | None,
+    config: dict[str, Any],
+    states: Callable[[list[str]], dict[str, str]] = sacct_states,
+) -> None:
+    """Print :func:`explain_slurm_failures` for the run whose Snakemake log files are ``logs``
+    (the Snakefile's ``onerror``: Snakemake 9 passes the list of its log files)."""
+    text = "".join(Path(f).read_text(errors="replace") for f in logs or () if Path(f).exists())
+    for message in explain_slurm_failures(text, config, states):
         print(f"gradinv: {message}", file=sys.stderr)
