@@ -331,7 +331,8 @@ def test_convergence_jobs_get_the_studys_partition_and_fl():
     assert train["fl"]["clients_per_round"] == 6
     assert train["fl"]["rounds"] == conv["fl"]["rounds"]
     assert train["fl"]["checkpoint_rounds"] == [conv["fl"]["rounds"]]
-    assert train["fl"]["lr"] == PARAMS["fl"]["lr"]  # not overridden: taken from `fl`
+    assert train["fl"]["lr"] == conv["fl"]["lr"] != PARAMS["fl"]["lr"]
+    assert train["fl"]["batch_size"] == PARAMS["fl"]["batch_size"]  # not overridden: from `fl`
 
 
 def test_utility_jobs_train_with_the_studys_fl_and_keep_the_last_model():
@@ -375,6 +376,13 @@ def test_a_papers_recipe_trains_its_runs_as_its_code_does():
         "paper": json.loads(job_settings(paper, "utility_report", recipe="censor"))["fl"]["lr"],
     }
     assert at_scale == {"default": 0.05, "paper": 0.1}
+    # the convergence study (Figs. 7-8, Table VI) likewise: at 0.1 its undefended run diverged
+    study = {}
+    for name, c in (("default", cfg), ("paper", paper)):
+        run = dict(dataset=c["convergence"]["dataset"], model=c["convergence"]["model"])
+        settings = job_settings(c, "convergence_train", **run, defense="none", k="10")
+        study[name] = json.loads(settings)["fl"]["lr"]
+    assert study == {"default": 0.05, "paper": 0.1}
     with pytest.raises(ConfigError, match=r"tables.cvb_table5.recipe: 'cbv' is not defined"):
         validate(broken("tables.cvb_table5.recipe", "cbv"))
     with pytest.raises(ConfigError, match=r"recipes.cvb.fl.momentum: a FedAvg client's setting"):
