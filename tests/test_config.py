@@ -400,6 +400,31 @@ def test_a_papers_recipe_trains_its_runs_as_its_code_does():
         )
 
 
+def test_dcs2s_recipe_defends_one_client_of_ten_as_its_code_does():
+    """DCS²'s code applies the defense on one client only (fl/main.py: DevNum == Pro_dev, 5 of
+    1-10); its recipes, IID and the paper overlay's non-IID, train so; every other run defends
+    every client. A client outside the recipe's partition is refused by name."""
+    paper = validate(load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",)))
+    key = {"dataset": "patches", "model": "lenet", "defense": "soteria", "seed": "0"}
+    defended = {
+        recipe: json.loads(job_settings(cfg, "utility_train", **key, recipe=recipe))["fl"][
+            "defended_clients"
+        ]
+        for cfg, recipe in (
+            (validate(copy.deepcopy(PARAMS)), "dcs2"),
+            (paper, "dcs2_noniid"),
+            (validate(copy.deepcopy(PARAMS)), "common"),
+            (validate(copy.deepcopy(PARAMS)), "cvb"),
+        )
+    }
+    assert defended == {"dcs2": [4], "dcs2_noniid": [4], "common": "all", "cvb": "all"}
+    fl = {**PARAMS["recipes"]["dcs2"]["fl"], "defended_clients": [4, 10]}
+    with pytest.raises(ConfigError, match=r"recipes.dcs2.fl.defended_clients: client 10 is not"):
+        validate(broken("recipes.dcs2.fl", fl))
+    with pytest.raises(ConfigError, match=r"fl.defended_clients"):
+        validate(broken("fl.defended_clients", []))
+
+
 def test_a_recipe_with_its_own_clients_trains_on_its_own_partition():
     """CENSOR's recipe trains on non-IID clients (its Sec. V-C): its runs read a partition file
     of their own, made from the recipe's partition merged over `partition`; a recipe without

@@ -1,15 +1,20 @@
 """How a FedAvg client trains (gradinv.fl.client): the papers' codes' local optimizers, passes
-over the shard, and the optimizer state a client keeps between its rounds."""
+over the shard, and the optimizer state a client keeps between its rounds; which clients apply
+the defense (gradinv.fl.server, ``fl.defended_clients``)."""
 
 import copy
+from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from gradinv.defenses import build_defense, gradients_of
+from gradinv.defenses import Defense, build_defense, gradients_of
 from gradinv.fl.client import client_update
+from gradinv.fl.server import FLSettings, train
 from gradinv.models import build_model
 from gradinv.protocol import ModelSpec
+from gradinv.settings import ConfigError
 
 SPEC = ModelSpec("cnn3", num_classes=4, in_channels=3, image_size=16, settings={})
 
@@ -69,3 +74,69 @@ def test_momentum_is_kept_and_plain_sgd_has_no_state():
     grads = gradients_of(copy.deepcopy(model), x, y, F.cross_entropy)
     for n, g in grads.items():  # plain SGD: the step written out, - lr x gradient
         torch.testing.assert_close(delta[n], -0.01 * g, rtol=1e-4, atol=1e-7)  # (p - lr g) - p
+
+
+class _Recorded(Defense):
+    """No defense, recording the batches it was asked to defend."""
+
+    @dataclass(frozen=True)
+    class Settings:
+        pass
+
+    def __init__(self) -> None:
+        super().__init__(self.Settings())
+        self.batches: list[torch.Tensor] = []
+
+    def shared_update(self, model, inputs, labels, loss_fn, generator):
+        self.batches.append(inputs)
+        return gradients_of(model, inputs, labels, loss_fn)
+
+
+def _fedsgd(defense, defended_clients=None, rounds=3):
+    """Three FedSGD rounds of three clients of 12 images, every client every round."""
+    x, y = case(36)
+    parts = [list(range(0, 12)), list(range(12, 24)), list(range(24, 36))]
+    fl = FLSettings(
+        protocol="fedsgd",
+        rounds=rounds,
+        clients_per_round=3,
+        batch_size=4,
+        lr=0.1,
+        local_steps=1,
+        local_lr=0.0,
+        eval_every=1,
+        checkpoint_rounds=(0,),
+        eval_samples=0,
+        defended_clients=defended_clients,
+    )
+    model = build_model(SPEC, seed=0)
+    train(model, x, y, parts, x, y, defense, fl, 0, lambda r, m: None)
+    return model, x, parts
+
+
+def test_only_the_defended_clients_apply_the_defense():
+    """DCS²'s code defends one client of ten (fl/main.py: DevNum == Pro_dev); the others share
+    undefended updates. Every client listed is the same as all of them."""
+    recorded = _Recorded()
+    _, x, parts = _fedsgd(recorded, defended_clients=(1,))
+    assert len(recorded.batches) == 3  # client 1, once a round
+    for batch in recorded.batches:
+        rows = [i for i in range(len(x)) if any(torch.equal(x[i], b) for b in batch)]
+        assert len(rows) == 4 and set(rows) <= set(parts[1])
+    noise = {"std": 0.5}
+    every, _, _ = _fedsgd(build_defense("gaussian_noise", noise, where="test"))
+    listed, _, _ = _fedsgd(
+        build_defense("gaussian_noise", noise, where="test"), defended_clients=(0, 1, 2)
+    )
+    one, _, _ = _fedsgd(build_defense("gaussian_noise", noise, where="test"), defended_clients=(1,))
+    state = every.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in listed.state_dict().items())
+    assert not all(torch.equal(state[k], v) for k, v in one.state_dict().items())
+
+
+def test_defended_clients_outside_the_partition_or_with_a_model_defense_are_refused():
+    with pytest.raises(ConfigError, match=r"client 3 is not one of the partition's 3 clients"):
+        _fedsgd(_Recorded(), defended_clients=(1, 3))
+    precode = build_defense("precode", {}, where="test")
+    with pytest.raises(ConfigError, match=r"Precode changes the model every client trains"):
+        _fedsgd(precode, defended_clients=(1,))

@@ -223,12 +223,28 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
             fail(f"recipes.{name}.defenses: {unknown[0]!r} is not defined under defenses.")
         if "none" not in recipe["defenses"]:
             fail(f"recipes.{name}.defenses: list none, the reference every other is relative to.")
-    for where, settings in (
-        ("fl", fl),
-        ("utility.fl", merge(fl, config["utility"]["fl"])),
-        ("convergence.fl", merge(fl, config["convergence"]["fl"])),
-        *((f"recipes.{n}.fl", merge(fl, r["fl"])) for n, r in recipes.items()),
+    partition = config["partition"]
+    for where, settings, clients in (
+        ("fl", fl, partition),
+        ("utility.fl", merge(fl, config["utility"]["fl"]), partition),
+        (
+            "convergence.fl",
+            merge(fl, config["convergence"]["fl"]),
+            config["convergence"]["partition"],
+        ),
+        *(
+            (f"recipes.{n}.fl", merge(fl, r["fl"]), merge(partition, r.get("partition", {})))
+            for n, r in recipes.items()
+        ),
     ):
+        defended = settings.get("defended_clients", "all")
+        beyond = [] if defended == "all" else [c for c in defended if c >= clients["num_clients"]]
+        if beyond:
+            fail(
+                f"{where}.defended_clients: client {beyond[0]} is not one of the partition's "
+                f"{clients['num_clients']} clients (0 to {clients['num_clients'] - 1}); name "
+                "clients of the partition, or all"
+            )
         fedavg_only = {
             "client_optimizer": "sgd",
             "momentum": 0.0,

@@ -1,10 +1,11 @@
 """Server-side aggregation and the federated training loop.
 
 Each round the server samples ``clients_per_round`` clients, each client draws a batch from its own
-partition and returns its defended update, and the server averages them: FedSGD steps the global
-model by ``-lr * mean gradient``; FedAvg adds the mean delta. Batch-norm running statistics are
-averaged like any FedAvg state; they never reach an attacker's capture (the capture records the
-server's model, not the victim's statistics).
+partition and returns its defended update (where ``fl.defended_clients`` names some clients only,
+as DCS²'s code does, the others their undefended one), and the server averages them: FedSGD steps
+the global model by ``-lr * mean gradient``; FedAvg adds the mean delta. Batch-norm running
+statistics are averaged like any FedAvg state; they never reach an attacker's capture (the
+capture records the server's model, not the victim's statistics).
 
 Round 0 is the seeded initial model; the checkpoint of round r is the model after r rounds.
 Given a :class:`~gradinv.progress.Progress`, the loop saves its whole state (model, random
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from gradinv.defenses import Defense
+from gradinv.defenses.none import NoDefense
 from gradinv.fl.client import client_update
 from gradinv.models import buffers_kept
 from gradinv.progress import Progress
@@ -57,10 +59,21 @@ class FLSettings:
     momentum: float = 0.0
     local_epochs: int = 0
     lr_decay: float = 1.0
+    # The clients that apply the defense (their indices in the partition); the others share
+    # undefended updates. None: every client (params.yaml `all`). DCS²'s code defends one client
+    # of ten (its fl/main.py: only DevNum == Pro_dev runs the defense).
+    defended_clients: tuple[int, ...] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FLSettings:
-        return cls(**{**d, "checkpoint_rounds": tuple(sorted(set(d["checkpoint_rounds"])))})
+        clients = d.get("defended_clients", "all")
+        return cls(
+            **{
+                **d,
+                "checkpoint_rounds": tuple(sorted(set(d["checkpoint_rounds"]))),
+                "defended_clients": None if clients == "all" else tuple(sorted(set(clients))),
+            }
+        )
 
 
 def evaluate(
@@ -105,6 +118,7 @@ def train(
             f"{fl.batch_size}): its steps would take smaller batches than the setting says; "
             "lower partition.num_clients or the batch size, or raise partition.alpha."
         )
+    undefended = _undefended(defense, fl, len(parts))
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
@@ -150,7 +164,7 @@ def train(
                     model,
                     x,
                     y,
-                    defense,
+                    undefended.get(int(c), defense),
                     protocol=fl.protocol,
                     local_steps=fl.local_steps,
                     local_lr=local_lr,
@@ -191,6 +205,26 @@ def train(
                 }
             )
     return history
+
+
+def _undefended(defense: Defense, fl: FLSettings, clients: int) -> dict[int, Defense]:
+    """The clients that share undefended updates (``fl.defended_clients``), each with no
+    defense; none when every client defends."""
+    if fl.defended_clients is None:
+        return {}
+    beyond = [c for c in fl.defended_clients if not 0 <= c < clients]
+    if beyond:
+        raise ConfigError(
+            f"fl.defended_clients: client {beyond[0]} is not one of the partition's {clients} "
+            f"clients (0 to {clients - 1}); name clients of the partition, or all"
+        )
+    if defense.architectural:
+        raise ConfigError(
+            f"fl.defended_clients: {type(defense).__name__} changes the model every client "
+            "trains, so it cannot be left to some clients; train it with defended_clients: all"
+        )
+    none = NoDefense(NoDefense.Settings())
+    return {c: none for c in range(clients) if c not in fl.defended_clients}
 
 
 def _batches(order: np.ndarray, size: int) -> list[np.ndarray]:
