@@ -404,6 +404,7 @@ def test_dcs2s_recipe_defends_one_client_of_ten_as_its_code_does():
     """DCS²'s code applies the defense on one client only (fl/main.py: DevNum == Pro_dev, 5 of
     1-10); its recipes, IID and the paper overlay's non-IID, train so; every other run defends
     every client. A client outside the recipe's partition is refused by name."""
+    default = validate(copy.deepcopy(PARAMS))
     paper = validate(load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",)))
     key = {"dataset": "patches", "model": "lenet", "defense": "soteria", "seed": "0"}
     defended = {
@@ -411,10 +412,10 @@ def test_dcs2s_recipe_defends_one_client_of_ten_as_its_code_does():
             "defended_clients"
         ]
         for cfg, recipe in (
-            (validate(copy.deepcopy(PARAMS)), "dcs2"),
+            (default, "dcs2"),
             (paper, "dcs2_noniid"),
-            (validate(copy.deepcopy(PARAMS)), "common"),
-            (validate(copy.deepcopy(PARAMS)), "cvb"),
+            (default, "common"),
+            (default, "cvb"),
         )
     }
     assert defended == {"dcs2": [4], "dcs2_noniid": [4], "common": "all", "cvb": "all"}

@@ -92,13 +92,13 @@ class _Recorded(Defense):
         return gradients_of(model, inputs, labels, loss_fn)
 
 
-def _fedsgd(defense, defended_clients=None, rounds=3):
+def _fedsgd(defense, defended_clients=None):
     """Three FedSGD rounds of three clients of 12 images, every client every round."""
     x, y = case(36)
     parts = [list(range(0, 12)), list(range(12, 24)), list(range(24, 36))]
     fl = FLSettings(
         protocol="fedsgd",
-        rounds=rounds,
+        rounds=3,
         clients_per_round=3,
         batch_size=4,
         lr=0.1,
