@@ -376,6 +376,50 @@ def test_others_compares_against_every_other_value(tmp_path):
     assert _verdicts(only_ggl, VICTIMS) == ["holds"]
 
 
+def test_others_with_a_side_that_has_no_values_cannot_hide_a_failure(tmp_path):
+    """Every run of Noise failed: CENSOR cannot be compared with it, so the group cannot hold,
+    but CENSOR losing to Clipping at IG still fails the group and the claim."""
+    frame = _victims(
+        {
+            ("censor", "ig", "ssim"): _around(0.5),
+            ("clipping", "ig", "ssim"): _around(0.1),
+            ("noise", "ig", "ssim"): [math.nan] * 8,
+            ("censor", "gi", "ssim"): _around(0.1),
+            ("clipping", "gi", "ssim"): _around(0.5),
+            ("noise", "gi", "ssim"): [math.nan] * 8,
+        }
+    )
+    row = evaluate(_claims(tmp_path, _check(right="others")), {"t": frame}, "embedded").iloc[0]
+    assert row["verdict"] == "fails"
+    assert (row["fails_groups"], row["inconclusive_groups"]) == (1, 1)
+    assert "censor and noise share no" in row["evidence"]
+    winning = frame.assign(ssim=frame["ssim"].where(frame["defense"] != "censor", 0.01))
+    row = evaluate(_claims(tmp_path, _check(right="others")), {"t": winning}, "embedded").iloc[0]
+    assert row["verdict"] == "inconclusive"  # beats Clipping everywhere; Noise cannot say
+    only_noise = frame[frame["defense"] != "clipping"]
+    row = evaluate(_claims(tmp_path, _check(right="others")), {"t": only_noise}, "embedded")
+    assert row.loc[0, "verdict"] == "not evaluated"  # no comparison of any group has pairs
+
+
+def test_the_floor_check_reads_a_metric_from_the_table_that_scores_it(tmp_path):
+    """Refiner's Fig. 6 (PSNR only) and Fig. 9 (the noise ratio) share their undefended runs:
+    the floor check on the noise ratio finds it in Fig. 9's copy, whichever table comes first."""
+    fig9 = _victims(
+        {
+            ("none", "ig", "noise_ratio"): [0.9] * 8,  # 0.4 farther than the floor: no gain
+            ("refiner", "ig", "noise_ratio"): [0.95] * 8,
+        },
+        floor={"noise_ratio": 0.5},
+    )
+    fig6 = _victims({("none", "ig", "psnr"): [12.0] * 8}, floor={"psnr": 10.0})
+    check = _check(metrics=["noise_ratio"], left="refiner", relation="greater")
+    claims = _claims(tmp_path, check)
+    for first, second in ((fig6, fig9), (fig9, fig6)):
+        undefended = pd.concat([first, second], ignore_index=True)
+        row = evaluate(claims, {"t": fig9}, "embedded", undefended=undefended).iloc[0]
+        assert row["verdict"] == "undecidable", row["evidence"]
+
+
 def _utility(accuracies):
     """The utility runs, one line per defense and seed, from {defense: [accuracy per seed]}."""
     return pd.DataFrame.from_records(
@@ -408,12 +452,14 @@ def test_accuracy_claims_pair_the_training_seeds(tmp_path):
     assert single.loc[0, "verdict"] == "inconclusive"  # one run decides nothing
 
 
-def test_exact_reconstructions_pair_as_the_best_psnr(tmp_path):
-    """PSNR +inf (Imprint's exact reconstructions): above any finite PSNR, equal to another."""
+def test_psnrs_beyond_8_bit_rounding_pair_as_equal(tmp_path):
+    """PSNR +inf (Imprint's exact reconstructions) and 135 dB are both closer to the victim than
+    its own 8-bit rounding: paired as the ceiling, they are no difference; below it, a PSNR
+    counts as it is."""
     frame = _victims(
         {
             ("none", "imprint", "psnr"): [math.inf] * 8,
-            ("soteria", "imprint", "psnr"): [math.inf] * 8,
+            ("soteria", "imprint", "psnr"): [math.inf] * 4 + _around(135.0, n=4, spread=10.0),
             ("dcs2", "imprint", "psnr"): _around(20.0, spread=2.0),
         }
     )
@@ -424,7 +470,12 @@ def test_exact_reconstructions_pair_as_the_best_psnr(tmp_path):
         _check(**check, left="dcs2", relation="less"),
         _check(**check, left="soteria", relation="less"),
     )
-    assert _verdicts(claims, frame) == ["holds", "holds", "fails"]
+    table = evaluate(claims, {"t": frame}, "embedded")
+    assert list(table["verdict"]) == ["holds", "holds", "fails"]
+    assert "dcs2 − none −40 [" in table.loc[1, "evidence"]  # 20 dB against the 60 dB ceiling
+    # the ceiling is PSNR's alone: an SSIM of 1 is not capped, nor anything else
+    ssim = _victims({("none", "ig", "ssim"): [1.0] * 8, ("censor", "ig", "ssim"): [0.99] * 8})
+    assert _verdicts(_claims(tmp_path, _check()), ssim) == ["holds"]
 
 
 def test_missing_values_and_tables_are_not_evaluated_with_the_reason(tmp_path):

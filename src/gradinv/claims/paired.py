@@ -29,7 +29,10 @@ none is undecidable):
   fails if it fails in a named group or holds in another, else inconclusive.
 
 A group without both values is not a group of the comparison (it is counted in the note); a
-claim with none is *not evaluated*, as is one on a table this run did not build.
+claim with none is *not evaluated*, as is one on a table this run did not build. Where ``others``
+makes several comparisons and only some of them have pairs (every run of one defense failed),
+the group is decided on those, and cannot hold without the rest: it fails if one fails, and is
+inconclusive otherwise.
 
 **What would decide it.** An inconclusive comparison's evidence says about how many victims (or
 seeds) in all would decide it (:func:`gradinv.stats.units_to_decide`: the paired sample size
@@ -75,9 +78,11 @@ from gradinv.tables.files import JOB_KEYS
 from gradinv.tables.floor import FLOORED, UNDEFENDED, floor_check
 
 GROUP_VERDICTS = ("holds", "fails", "inconclusive", "undecidable")
-# An exact reconstruction's PSNR (+inf: MSE 0) is paired as this many dB, above any finite PSNR
-# float32 images give (an error of one part in 2^24 is about 144 dB).
-EXACT_PSNR = 200.0
+# A PSNR is paired as at most this many dB, an exact reconstruction's +inf (MSE 0) included: a
+# reconstruction that close is closer to the victim than the victim's own 8-bit rounding (a
+# uniform error of a 1/255 step: 58.9 dB), so no image file tells two of them apart, and a
+# victim at 135 dB under one defense and exact under another is no difference at all.
+PSNR_CEILING = 60.0
 FLOOR_KEYS = ("dataset", "model", "attack", "round", "batch_size")
 # A victim's run: the tables that share it list it once each, with the same values
 VICTIM_KEYS = (*FLOOR_KEYS, "defense", "victim")
@@ -121,6 +126,8 @@ def evaluate_paired(
     tidy = as_text(tidy, keys)
     for column, values in check.where.items():
         tidy = tidy[tidy[column].isin([key_text(v) for v in values])]
+    if tidy.empty:
+        return _result("not evaluated", [f"no run of {check.table} matches 'where' {check.where}"])
     notes: list[str] = []
     tidy, dropped = _without_metrics_never_computed(check, tidy)
     notes += dropped
@@ -238,7 +245,7 @@ def _group(
     undefended: pd.DataFrame | None,
     seeds: bool,
 ) -> tuple[str | None, str, Plan | None]:
-    """One group's verdict (None: the two sides share no victim or seed), its evidence, and,
+    """One group's verdict (None: no comparison of it shares a victim or seed), its evidence, and,
     when inconclusive, what would decide it; ``seeds``: the pairs are training seeds, not
     victims."""
     check, name = claim.check, group_name(key)
@@ -255,10 +262,15 @@ def _group(
     if floor_note is not None:
         return "undecidable", f"{name}: undecidable ({floor_note}){caveat}", None
     results, texts = [], []  # (verdict, plan) of each comparison, and its text
+    unpaired = 0
     for right in rights:
-        pairs = _pairs(left, sides[right], pair_on)
-        if pairs.empty:
-            return None, f"{name}: {check.left} and {right} share no {'/'.join(pair_on)}", None
+        pairs = _pairs(left, sides[right], pair_on, metric)
+        if pairs.empty:  # e.g. every run of one side failed: this comparison cannot be made,
+            # and the group cannot hold without it (it still fails if another fails)
+            unpaired += 1
+            results.append(("inconclusive", None))
+            texts.append(f"{check.left} and {right} share no {'/'.join(pair_on)} with both values")
+            continue
         interval = _interval(claim, name, right, pairs, seeds)
         result = verdict(interval, relation, check.tolerance)
         text = f"{check.left} − {right} {_describe(interval)}"
@@ -268,6 +280,8 @@ def _group(
             text += f", {_plan_text(plan, seeds)}"
         results.append((result, plan))
         texts.append(text)
+    if unpaired == len(rights):
+        return None, f"{name}: {' | '.join(texts)}", None
     group_verdict = _group_verdict([v for v, _ in results])
     plan = _earliest(results, _group_verdict) if group_verdict == "inconclusive" else None
     return group_verdict, f"{name}: {' | '.join(texts)}: {group_verdict}{caveat}", plan
@@ -310,16 +324,20 @@ def _interval(claim: Claim, name: str, right: str, pairs: pd.DataFrame, seeds: b
     return paired_victims(left, right_values, claim.id, name, right)
 
 
-def _pairs(left: pd.DataFrame, right: pd.DataFrame, pair_on: list[str]) -> pd.DataFrame:
+def _pairs(
+    left: pd.DataFrame, right: pd.DataFrame, pair_on: list[str], metric: str
+) -> pd.DataFrame:
     """The values of the two sides on the same victims (or seeds), the unusable ones dropped: a
-    failed run, a NaN. An exact reconstruction's PSNR counts as :data:`EXACT_PSNR`."""
+    failed run, a NaN. A PSNR counts as at most :data:`PSNR_CEILING` (exact ones too)."""
     columns = [c for c in pair_on if c in left.columns and c in right.columns]
     merged = left[[*columns, "value"]].merge(
         right[[*columns, "value"]], on=columns, suffixes=("_l", "_r")
     )
     merged = merged.rename(columns={"value_l": "left", "value_r": "right"})
     for side in ("left", "right"):
-        merged[side] = merged[side].astype(float).replace(np.inf, EXACT_PSNR)
+        merged[side] = merged[side].astype(float)
+        if metric == "psnr":
+            merged[side] = merged[side].clip(upper=PSNR_CEILING)
     return merged[np.isfinite(merged["left"]) & np.isfinite(merged["right"])]
 
 
@@ -374,7 +392,11 @@ def _undefended(victims: pd.DataFrame, context: Mapping[str, Any]) -> pd.DataFra
     victim once, however many tables read its run (Table I's victims are also CENSOR's
     variants', CVB's and the frontier's: a victim counted once per table would weigh the
     median gain towards the victims the most tables share)."""
-    rows = victims[victims["defense"] == UNDEFENDED].drop_duplicates(list(VICTIM_KEYS))
+    rows = victims[victims["defense"] == UNDEFENDED]
+    # one row a victim, each column its first value any table gives: a table that does not
+    # score a metric (Refiner's Fig. 6 scores PSNR only) leaves it to one that does (Fig. 9's
+    # noise ratio, on the same runs)
+    rows = rows.groupby(list(VICTIM_KEYS), sort=False, dropna=False).first().reset_index()
     for column in ("dataset", "model", "attack", "batch_size"):
         if context.get(column) is not None:
             rows = rows[rows[column].astype(str) == str(context[column])]
@@ -433,7 +455,10 @@ def _without_metrics_never_computed(
     for metric in check.metrics:
         values = tidy.loc[tidy["metric"] == metric, "value"]
         if values.empty or values.isna().all():
-            notes.append(f"{metric} has no value in this run (unavailable or never computed)")
+            notes.append(
+                f"{metric} has no value in this run (unavailable, never computed, or every "
+                "run failed)"
+            )
             tidy = tidy[tidy["metric"] != metric]
     return tidy, notes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gradinv.claims.paired import EXACT_PSNR
+from gradinv.claims.paired import PSNR_CEILING
 from gradinv.claims.verdicts import VERDICTS
 from gradinv.stats import EXACT_MAX, POWER, RESAMPLES, SIGN_FLIP_MIN
 
@@ -50,8 +50,9 @@ def markdown(table: pd.DataFrame, scale: str) -> str:
         "victim): that attack recovered nothing a defense could lower. The claim combines its "
         "decidable groups: `all` holds if every group holds and fails if any fails; a fraction "
         "f holds if ⌈f·k⌉ of the k groups hold and fails once that is out of reach; "
-        "`only_where` holds if the named groups hold and the others fail. An exact "
-        f"reconstruction's PSNR (+∞) is paired as {EXACT_PSNR:g} dB. `on the paper's numbers`: "
+        "`only_where` holds if the named groups hold and the others fail. A PSNR is paired as at "
+        f"most {PSNR_CEILING:g} dB, an exact reconstruction's +∞ too (closer than the victim's "
+        "own 8-bit rounding: no image file tells them apart). `on the paper's numbers`: "
         "the same relation on the published cell means, where there is a published table (it "
         "tests how the claim is encoded). *What would decide it*: for an inconclusive claim, the "
         "victims (or seeds) a group in all at which, if each group's mean and spread stayed "
