@@ -209,7 +209,7 @@ def test_an_exact_reconstruction_counts_as_the_best_psnr_not_a_failure(tmp_path)
     assert cell["mean"] == math.inf and (cell["n"], cell["failed"]) == (2, 0)
     assert math.isnan(cell["std"]) and "1 exact reconstruction(s)" in cell["note"]
     # the interval: resamples without the exact victim have the other's 30 dB as their mean
-    assert format_cell(cell.to_dict()) == "∞ [30.000, ∞] (2)"
+    assert format_cell(cell.to_dict()) == "∞ [30.000, ∞] (2, 1 exact)"
     mse = long[long["metric"] == "mse"].iloc[0]
     assert (mse["n"], mse["failed"]) == (2, 0)
 
@@ -601,6 +601,41 @@ def test_a_tradeoff_figure_puts_each_defense_at_its_pmm_along_its_sweep(tmp_path
     assert points.loc[points["line"] == "No Defense", ["x", "y"]].values.tolist() == [[1.0, 30.0]]
 
 
+def test_a_tradeoff_point_carries_both_intervals_as_error_bars():
+    """Each point of a utility-privacy figure has the PMM's interval over seeds on x and the
+    cell's interval over victims on y; a missing or infinite bound draws no bar that way."""
+    from gradinv.tables.figures import _error_bars, tradeoff_points
+
+    def cell(defense, metric, mean, low, high):
+        return {
+            "dataset": "patches",
+            "dataset_label": "Patches",
+            "defense": defense,
+            "attack_label": "IG",
+            "metric": metric,
+            "mean": mean,
+            "ci_low": low,
+            "ci_high": high,
+        }
+
+    long = pd.DataFrame.from_records(
+        [
+            cell("none", "pmm", 1.0, math.nan, math.nan),  # one seed: no interval
+            cell("none", "psnr", 30.0, 28.0, math.inf),  # an exact reconstruction among them
+            cell("noise", "pmm", 0.8, 0.7, 0.85),
+            cell("noise", "psnr", 20.0, 18.5, 21.0),
+        ]
+    )
+    lines = {"none": ("No Defense", 0), "noise": ("Noise", 1)}
+    points = tradeoff_points(long, x_metric="pmm", lines=lines).set_index("defense")
+    assert points.loc["noise", ["x", "x_low", "x_high"]].tolist() == [0.8, 0.7, 0.85]
+    assert points.loc["noise", ["y", "y_low", "y_high"]].tolist() == [20.0, 18.5, 21.0]
+    x_bars, y_bars = _error_bars(points, "x"), _error_bars(points, "y")
+    np.testing.assert_allclose(x_bars, [[0.0, 0.1], [0.0, 0.05]])  # (below, above) x points
+    np.testing.assert_allclose(y_bars, [[0.0, 1.5], [0.0, 1.0]])
+    assert _error_bars(points.drop(columns=["y_low"]), "y") is None
+
+
 def test_a_table_without_published_numbers_says_why(tmp_path):
     out = render_table(
         "fig",
@@ -843,6 +878,41 @@ def test_each_victim_keeps_its_floor_and_each_undefended_attack_says_if_it_beats
     assert "| patches | resnet18 | 0 | GI | PSNR | -2.000 (3) | **no** |" in section
     # MSE: lower is closer, so the gain is the floor's MSE minus the attack's (0.05 - 0.02)
     assert "| patches | resnet18 | 0 | IG | MSE | +0.0300 (3) | yes |" in section
+
+
+def test_every_cell_is_compared_with_the_floor_and_one_at_or_below_it_is_marked(tmp_path):
+    """Not only the undefended attacks: each cell carries its median gain over the floor, and a
+    cell whose median victim is no closer than the floor (here the defended one) says so."""
+    floor = {"mse": 0.05, "psnr": 13.0, "ssim": 0.1}
+    records = [
+        *(run("none", "ig", v, psnr=20.0 + v, floor=floor) for v in range(3)),
+        *(run("noise", "ig", v, psnr=12.0 + v, floor=floor) for v in range(3)),
+    ]
+    long = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none", "noise"])
+    psnr = long[long["metric"] == "psnr"].set_index("defense")
+    assert psnr.loc["none", "floor_gain"] == 8.0 and psnr.loc["noise", "floor_gain"] == 0.0
+    assert (psnr["floor_n"] == 3).all()
+    assert format_cell(psnr.loc["none"].to_dict()).endswith("(3)")
+    assert format_cell(psnr.loc["noise"].to_dict()).endswith("(3) ≤ floor")
+    # MSE: lower is closer; 0.01 .. 0.03 against the floor's 0.05 beats it under both
+    mse = long[long["metric"] == "mse"].set_index("defense")
+    assert mse.loc["noise", "floor_gain"] == pytest.approx(0.03)
+    assert "floor" not in format_cell(mse.loc["noise"].to_dict())
+
+
+def test_runs_with_nothing_to_score_are_counted_not_shown_as_missing(tmp_path):
+    """A DCS² batch without a sensitive sample is not scored: neither averaged nor failed, but a
+    cell of such runs only is not "no runs", and a cell with some says how many."""
+    skip = {"status": "not_scored", "failure": "no sensitive sample in the batch"}
+    records = [
+        *(run("none", "ig", v, **skip) for v in range(2)),
+        *(run("noise", "ig", v) for v in range(2)),
+        run("noise", "ig", 2, **skip),
+    ]
+    long = long_table(collect(write(tmp_path, records)), attacks=["ig"], defenses=["none", "noise"])
+    psnr = long[long["metric"] == "psnr"].set_index("defense")
+    assert format_cell(psnr.loc["none"].to_dict()) == "— (0, 2 not scored)"
+    assert format_cell(psnr.loc["noise"].to_dict()).endswith("(2, 1 not scored)")
 
 
 def test_a_table_without_an_undefended_row_reads_another_tables_to_say_if_its_attack_works(

@@ -118,3 +118,19 @@ def test_the_report_writes_both_csvs_and_a_labelled_markdown(tmp_path):
     assert "SCALED-DOWN" in md and "over the seeds 0, 1, 2" in md
     assert "| DP-SGD | clip=1.0, noise_multiplier=1.0 | 40.00 [" in md
     assert "| 2 (1 failed) |" in md
+
+
+def test_a_seed_without_its_run_without_defense_is_a_failed_pmm_not_a_silent_gap():
+    """No defense failed at seed 2, the noise defense finished all three: the noise PMM rests on
+    two seeds, and both the tables' PMM and the utility table say so instead of shrinking n."""
+    runs = [
+        *(summary("noise", [0.5, a], seed=s) for s, a in enumerate((0.6, 0.5, 0.7))),
+        *(summary("none", [0.5, a], seed=s) for s, a in enumerate((0.8, 0.7))),
+        summary("none", [0.2, 0.3], seed=2, status="failed"),
+    ]
+    pmm, why = training_metrics(runs, last=1)["pmm"][("patches", "cnn3", "noise")]
+    assert sorted(pmm) == [0, 1]
+    assert why == "training without defense did not finish (seed 2): no PMM at this seed"
+    settings = {**SETTINGS, "utility": {**SETTINGS["utility"], "defenses": ["none", "noise"]}}
+    noise = utility_table(runs, settings).set_index("defense").loc["noise"]
+    assert (noise["seeds"], noise["failed_seeds"], noise["paired_seeds"]) == (3, 0, 2)

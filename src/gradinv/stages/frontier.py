@@ -103,7 +103,11 @@ def draw(frontier: pd.DataFrame, out: Path, settings: dict[str, Any]) -> None:
                 attack_label="strongest attack",
                 line=ordered["base_label"],
                 x=ordered["pmm"],
+                x_low=ordered["pmm_ci_low"],
+                x_high=ordered["pmm_ci_high"],
                 y=ordered[metric],
+                y_low=ordered[f"{metric}_ci_low"],
+                y_high=ordered[f"{metric}_ci_high"],
                 note=f"{metric.upper()} unavailable in this run",
             )
             for metric in PRIVACY

@@ -61,6 +61,7 @@ COLUMNS = (
     "accuracy_ci_high",
     "seeds",
     "failed_seeds",
+    "paired_seeds",
     "relative_accuracy",
     "relative_ci_low",
     "relative_ci_high",
@@ -154,6 +155,7 @@ def utility_table(runs: list[dict[str, Any]], settings: dict[str, Any]) -> pd.Da
                 "accuracy_ci_high": _value(accuracy.high),
                 "seeds": len(ok),
                 "failed_seeds": len(failed),
+                "paired_seeds": relative.n,  # the seeds no defense finished too
                 "relative_accuracy": _value(relative.estimate),
                 "relative_ci_low": _value(relative.low),
                 "relative_ci_high": _value(relative.high),
@@ -217,14 +219,24 @@ def training_metrics(
         done = {s: v for s, v in seeds.items() if v is not None}
         accuracy[key] = (done, "; ".join(why.get(key, [])))
         reference = by_key.get((key[0], key[1], REFERENCE), {})
-        ratios = {
-            s: seeds[s] / reference[s]
-            for s in seeds
-            if seeds[s] is not None and reference.get(s) not in (None, 0)
-        }
-        missing = "" if ratios else "no finished run without defense at the same seed"
-        pmm[key] = (ratios, "; ".join(filter(None, [*why.get(key, []), missing])))
+        done_here = [s for s in sorted(seeds) if seeds[s] is not None]
+        paired = [s for s in done_here if reference.get(s) not in (None, 0)]
+        ratios = {s: seeds[s] / reference[s] for s in paired}
+        # a seed this defense finished and the run without defense did not: no PMM at that seed
+        unpaired = [
+            f"training without defense {_unfinished(reference.get(s))} (seed {s}): no PMM at "
+            "this seed"
+            for s in done_here
+            if s not in ratios
+        ]
+        missing = "" if ratios or unpaired else "no finished run without defense at the same seed"
+        pmm[key] = (ratios, "; ".join(filter(None, [*why.get(key, []), *unpaired, missing])))
     return {"accuracy": accuracy, "pmm": pmm}
+
+
+def _unfinished(accuracy: float | None) -> str:
+    """Why a run without defense gives no reference accuracy at its seed."""
+    return "reached accuracy 0" if accuracy == 0 else "did not finish"
 
 
 def _finite(value: Any) -> bool:
@@ -272,11 +284,12 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
         f"{study['average_last']} evaluations (every {settings['fl']['eval_every']} rounds). In "
         "brackets, 95% intervals: over the seeds (t) for the accuracy; paired by seed for "
         "*relative* (the accuracy over no defense's at the same seed: Refiner's PMM) and for the "
-        "difference to no defense. Each run: `utility_runs.csv`. epsilon is the privacy budget a "
-        "defense accounts (DP-SGD, at the delta of its setting); *raw G0* is the share of client "
-        "updates that were the raw gradient, unprotected (CENSOR under Algorithm 1: no "
-        "orthogonal candidate lowered the loss), and *fallback* the share in which no candidate "
-        "did (under `never-raw` the best candidate is shared anyway).",
+        "difference to no defense, which rest on the seeds both finished (*seeds*: `k paired` "
+        "where that is fewer than the defense's own). Each run: `utility_runs.csv`. epsilon is "
+        "the privacy budget a defense accounts (DP-SGD, at the delta of its setting); *raw G0* "
+        "is the share of client updates that were the raw gradient, unprotected (CENSOR under "
+        "Algorithm 1: no orthogonal candidate lowered the loss), and *fallback* the share in "
+        "which no candidate did (under `never-raw` the best candidate is shared anyway).",
         "",
         "| defense | setting | accuracy | relative | difference | seeds | epsilon | raw G0 | "
         "fallback | s/round | failure |",
@@ -288,6 +301,8 @@ def _markdown(table: pd.DataFrame, runs: list[dict[str, Any]], settings: dict[st
 
     for r in table.to_dict("records"):
         failed = f" ({r['failed_seeds']} failed)" if r["failed_seeds"] else ""
+        if r["paired_seeds"] < r["seeds"]:  # relative and difference rest on fewer seeds
+            failed += f", {r['paired_seeds']} paired"
         cells = [
             r["label"],
             r["setting"],

@@ -20,6 +20,13 @@ Why these rules (failures are loud and recorded):
 * ``ci_low``/``ci_high``: the 95% interval of the mean over the victims, a percentile bootstrap
   (:func:`gradinv.stats.bootstrap_mean`, 10,000 resamples, seeded by the cell's key, so a
   rerender gives the same bytes); empty for a single victim.
+* ``exact`` counts the victims reconstructed exactly (already in ``n``), ``not_scored`` the runs
+  that had nothing to score (a DCS² batch without a sensitive sample): in neither ``n`` nor
+  ``failed``, but counted, so that a cell of such runs only is not mistaken for a missing one.
+* ``floor_gain``: the median over the cell's victims of how much closer the reconstruction is
+  than the floor (the public split's mean image scored against the same victim; positive: the
+  attack did better, :func:`floor_gains`), over ``floor_n`` victims with both values. A cell at or
+  below 0 recovered nothing, on the median victim, that the mean image does not give.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from gradinv.stats import bootstrap_mean, mean_over_seeds
-from gradinv.tables.files import DEFAULT_METRICS, unavailable_column
+from gradinv.tables.files import DEFAULT_METRICS, floor_column, unavailable_column
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,10 @@ METRICS: dict[str, MetricSpec] = {
     "pmm": MetricSpec("PMM", "↑", 3, scope="training"),
 }
 STATS: tuple[str, ...] = ("mean", "std", "ci_low", "ci_high", "n", "failed", "note")
+#: Per-cell counts and the comparison with the floor, in the long table only (module docstring).
+CELL_EXTRAS: tuple[str, ...] = ("exact", "not_scored", "unavailable", "floor_gain", "floor_n")
+#: The image metrics the floor (the public split's mean image) is scored on.
+FLOORED: tuple[str, ...] = ("mse", "psnr", "ssim", "lpips", "noise_ratio")
 #: Columns that must not vary inside one cell unless they are rows of the table.
 SETTING_KEYS: tuple[str, ...] = ("dataset", "model", "defense", "round", "batch_size")
 #: Per-cell context carried into the long table (for comparisons and captions).
@@ -158,6 +169,19 @@ def _joined(values: pd.Series) -> str:
     return "; ".join(sorted({str(v) for v in values.dropna()}))
 
 
+def floor_gains(victims: pd.DataFrame, metric: str) -> np.ndarray:
+    """Each victim's gain over the floor, oriented so that positive means the attacker did
+    better: value − floor for PSNR and SSIM (higher is closer), floor − value for MSE, LPIPS and
+    the noise ratio (lower is closer); the ok runs with both values only."""
+    column = floor_column(metric)
+    if metric not in FLOORED or column not in victims.columns:
+        return np.array([])
+    ok = victims[(victims["status"] == "ok") & victims[metric].notna() & victims[column].notna()]
+    value, floor = ok[metric].to_numpy(float), ok[column].to_numpy(float)
+    gain = value - floor if metric_spec(metric).arrow == "↓" else floor - value
+    return gain[~np.isnan(gain)]
+
+
 def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) -> dict[str, Any]:
     """Statistics of one cell under the rules in the module docstring; ``key`` names the cell
     and seeds its bootstrap."""
@@ -169,7 +193,11 @@ def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) ->
         "n": 0,
         "failed": 0,
         "note": "no runs",
+        "exact": 0,
+        "not_scored": 0,
         "unavailable": 0,
+        "floor_gain": math.nan,
+        "floor_n": 0,
     }
     if group is None or group.empty:
         return empty
@@ -202,6 +230,7 @@ def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) ->
         notes.append(f"{len(unscored)} not scored: {_joined(unscored['failure'])}")
     n = len(kept)
     low, high = bootstrap_mean(kept, *key, metric)
+    gains = floor_gains(group, metric)
     return {
         "mean": float(np.mean(kept)) if n else math.nan,
         "std": float(np.std(kept, ddof=1)) if n > 1 and not exact.any() else math.nan,
@@ -210,7 +239,11 @@ def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) ->
         "n": n,
         "failed": len(failed) + nonfinite,
         "note": " | ".join(notes),
+        "exact": int(exact.sum()),
+        "not_scored": len(unscored),
         "unavailable": int(null.sum()),
+        "floor_gain": float(np.median(gains)) if len(gains) else math.nan,
+        "floor_n": len(gains),
     }
 
 
@@ -248,7 +281,11 @@ def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
         "n": len(values),
         "failed": _failed_runs(failure, bool(values)),
         "note": f"{source}: {failure}" if failure else source,
+        "exact": 0,
+        "not_scored": 0,
         "unavailable": 0,
+        "floor_gain": math.nan,
+        "floor_n": 0,
     }
 
 
@@ -355,7 +392,7 @@ def long_table(
                 "attack_label",
                 "metric",
                 *STATS,
-                "unavailable",
+                *CELL_EXTRAS,
                 "raw_shared",
                 "raw_recorded",
                 *CONTEXT,

@@ -343,9 +343,9 @@ def tradeoff_points(
     x = (
         long[long["metric"] == x_metric]
         .dropna(subset=["mean"])
-        .groupby(keys, sort=False)["mean"]
+        .groupby(keys, sort=False)[["mean", "ci_low", "ci_high"]]
         .first()
-        .rename("x")
+        .rename(columns={"mean": "x", "ci_low": "x_low", "ci_high": "x_high"})
     )
     points = long[long["metric"] != x_metric].join(x, on=keys)
     points["line"] = points["defense"].map(lambda d: lines[d][0])
@@ -353,7 +353,8 @@ def tradeoff_points(
     points["facet"] = (
         points[[f"{c}_label" for c in facets]].astype(str).agg(" / ".join, axis=1) if facets else ""
     )
-    return points.rename(columns={"mean": "y"}).sort_values("order", kind="stable")
+    points = points.rename(columns={"mean": "y", "ci_low": "y_low", "ci_high": "y_high"})
+    return points.sort_values("order", kind="stable")
 
 
 def tradeoff_figure(
@@ -378,7 +379,9 @@ def draw_tradeoff(
 ) -> None:
     """Draw utility-privacy ``points`` (columns ``facet``, ``metric``, ``attack_label``,
     ``line``, ``x``, ``y`` and ``note``, what a panel without a point says): a panel per facet
-    and (metric, attack), each line through its points in the frame's order."""
+    and (metric, attack), each line through its points in the frame's order; ``x_low``,
+    ``x_high``, ``y_low`` and ``y_high``, where given, are the 95% intervals, drawn as error bars
+    in both directions (none where a bound is missing or infinite)."""
     rows = list(dict.fromkeys(points["facet"]))
     columns = list(dict.fromkeys(zip(points["metric"], points["attack_label"], strict=True)))
     names = list(dict.fromkeys(points["line"]))
@@ -408,6 +411,16 @@ def draw_tradeoff(
             ax.set_ylabel(metric_axis_label(metric), fontsize=8)
             for name, line in drawn.groupby("line", sort=False):
                 ax.plot(line["x"], line["y"], marker="o", color=colors[name], label=name)
+                ax.errorbar(
+                    line["x"],
+                    line["y"],
+                    xerr=_error_bars(line, "x"),
+                    yerr=_error_bars(line, "y"),
+                    fmt="none",
+                    ecolor=colors[name],
+                    elinewidth=0.8,
+                    capsize=2,
+                )
         legend = {}
         for ax in axes.flat:  # every line, whichever panels it has points in
             for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -422,6 +435,21 @@ def draw_tradeoff(
             )
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
         save_figure(fig, out_path, caption)
+
+
+def _error_bars(points: pd.DataFrame, axis: str) -> np.ndarray | None:
+    """Matplotlib's error distances (below, above) of ``points[axis]`` from its ``<axis>_low``
+    and ``<axis>_high`` interval; 0 where a bound is missing or infinite (one victim or seed, an
+    exact reconstruction); None without the columns."""
+    if f"{axis}_low" not in points or f"{axis}_high" not in points:
+        return None
+    value = points[axis].to_numpy(dtype=float)
+    low = points[f"{axis}_low"].to_numpy(dtype=float)
+    high = points[f"{axis}_high"].to_numpy(dtype=float)
+    shown = np.isfinite(low) & np.isfinite(high) & np.isfinite(value)
+    below = np.where(shown, value - low, 0.0)
+    above = np.where(shown, high - value, 0.0)
+    return np.vstack([np.maximum(below, 0.0), np.maximum(above, 0.0)])
 
 
 def curve_figure(

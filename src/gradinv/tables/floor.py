@@ -2,11 +2,11 @@
 
 The floor (:mod:`gradinv.stages.floor`) is the public split's mean image, scored against every
 victim with the attack's own metrics. An attack's *gain* on a victim is how much closer its
-reconstruction is than the floor, oriented so that positive means the attacker did better:
-value − floor for PSNR and SSIM (higher is closer), floor − value for MSE, LPIPS and the noise
-ratio (lower is closer). An undefended attack that does not beat the floor on the median victim
-has recovered nothing a defense could take away: the claims over it are *undecidable at this
-scale* (:mod:`gradinv.claims`), and each table's Markdown says so.
+reconstruction is than the floor, positive where the attacker did better
+(:func:`gradinv.tables.aggregate.floor_gains`, which also gives every table cell its median
+gain). An undefended attack that does not beat the floor on the median victim has recovered
+nothing a defense could take away: the claims over it are *undecidable at this scale*
+(:mod:`gradinv.claims`), and each table's Markdown says so.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gradinv.tables.aggregate import metric_spec
-from gradinv.tables.files import floor_column
+from gradinv.tables.aggregate import FLOORED, floor_gains
 
 UNDEFENDED = "none"
-FLOORED = ("mse", "psnr", "ssim", "lpips", "noise_ratio")  # the image metrics the floor scores
+__all__ = ["FLOORED", "UNDEFENDED", "FloorCheck", "floor_check", "undefended_checks"]
 
 
 @dataclass(frozen=True)
@@ -37,19 +36,9 @@ class FloorCheck:
         return None if self.n == 0 else bool(self.median_gain > 0)
 
 
-def gains(victims: pd.DataFrame, metric: str) -> np.ndarray:
-    """The attack's gain over the floor on each victim with both values (module docstring)."""
-    column = floor_column(metric)
-    if metric not in FLOORED or column not in victims.columns:
-        return np.array([])
-    ok = victims[(victims["status"] == "ok") & victims[metric].notna() & victims[column].notna()]
-    value, floor = ok[metric].to_numpy(float), ok[column].to_numpy(float)
-    gain = value - floor if metric_spec(metric).arrow == "↓" else floor - value
-    return gain[~np.isnan(gain)]
-
-
 def floor_check(victims: pd.DataFrame, metric: str) -> FloorCheck:
-    g = gains(victims, metric)
+    """The median gain of ``victims`` over the floor (:func:`.aggregate.floor_gains`)."""
+    g = floor_gains(victims, metric)
     return FloorCheck(float(np.median(g)) if len(g) else math.nan, len(g))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import os
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def comparison_html(comparison: pd.DataFrame, reference_name: str | None) -> str
     return (
         f"<h2 id='vs-paper'>Ours beside the paper ({html.escape(reference_name)})</h2>\n"
         "<p>Each number the paper prints for this table, beside this run's mean and 95% "
-        "interval over victims. At a scaled-down setting the paper's numbers are not expected "
+        "interval (over the victims; for accuracy and PMM, over the training seeds), with n in "
+        "parentheses. At a scaled-down setting the paper's numbers are not expected "
         "to match; the comparison says how far apart they are.</p>\n" + table
     )
 
@@ -117,7 +119,9 @@ def _number(value: object) -> str:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return "—"
-    return "—" if pd.isna(number) else f"{number:.4g}"
+    if pd.isna(number):
+        return "—"
+    return "∞" if number == math.inf else f"{number:.4g}"
 
 
 def _yes_no(value: object) -> str:

@@ -28,15 +28,23 @@ def _esc(text: Any) -> str:
 
 
 def format_cell(rec: Mapping[str, Any]) -> str:
-    """``mean ± std [low, high] (n)``: the 95% interval in brackets (none for one victim),
-    ``, k failed`` when k > 0; ``n/a`` for an unavailable metric."""
+    """``mean ± std [low, high] (n)``: the 95% interval in brackets (none for one victim), in
+    parentheses ``, k exact``, ``, k failed`` and ``, k not scored`` where k > 0, then ``≤ floor``
+    where the median victim's reconstruction is no closer than the floor's; ``n/a`` for an
+    unavailable metric."""
     decimals = metric_spec(rec["metric"]).decimals
     n, failed = int(rec["n"]), int(rec["failed"])
-    counts = f"{n}, {failed} failed" if failed else f"{n}"
+    exact, unscored = int(rec.get("exact") or 0), int(rec.get("not_scored") or 0)
+    counts = ", ".join(
+        [f"{n}"]
+        + ([f"{exact} exact"] if exact else [])
+        + ([f"{failed} failed"] if failed else [])
+        + ([f"{unscored} not scored"] if unscored else [])
+    )
     if n == 0:
         if int(rec["unavailable"]):
             return f"n/a ({failed} failed)" if failed else "n/a"
-        if failed:
+        if failed or unscored:
             return f"— ({counts})"
         return "no runs"
     mean = _number(rec["mean"], decimals)  # ∞: exact reconstructions (PSNR)
@@ -45,7 +53,9 @@ def format_cell(rec: Mapping[str, Any]) -> str:
     low, high = rec.get("ci_low"), rec.get("ci_high")
     if not (_missing(low) or _missing(high)):
         text += f" [{_number(low, decimals)}, {_number(high, decimals)}]"
-    return f"{text} ({counts})"
+    gain = rec.get("floor_gain")
+    at_floor = int(rec.get("floor_n") or 0) > 0 and not _missing(gain) and gain <= 0
+    return f"{text} ({counts})" + (" ≤ floor" if at_floor else "")
 
 
 def _number(value: float, decimals: int) -> str:
@@ -186,6 +196,7 @@ def render_markdown(
     csv_name: str,
     vs_paper_name: str,
     figure_name: str,
+    cells_name: str,
     no_reference: str = "",
     floor: pd.DataFrame | None = None,
 ) -> str:
@@ -195,13 +206,18 @@ def render_markdown(
         "",
         ARROWS_LINE,
         "",
-        "Cells: mean ± std over victims (sample std, ddof=1; omitted for a single victim), "
-        "[the 95% interval of the mean: a percentile bootstrap over the victims, "
-        f"{RESAMPLES:,} resamples, seeded by the cell; none for a single victim], and in "
-        "parentheses n = victims averaged, then `k failed` = victims whose run failed; "
-        "failed victims are never averaged in. `n/a`: metric unavailable; `no runs`: no "
-        f"metrics file for that cell. Exact values: `{csv_name}`; figure: `{figure_name}` "
-        "(error bars: the 95% intervals).",
+        "Cells: mean ± std over victims (sample std, ddof=1; omitted for a single victim and "
+        "for a mean of ∞), [the 95% interval of the mean: a percentile bootstrap over the "
+        f"victims, {RESAMPLES:,} resamples, seeded by the cell; none for a single victim, of "
+        "zero width where every victim gave the same value], and in parentheses n = victims "
+        "averaged, then `k exact` = of those, victims reconstructed exactly (MSE 0, PSNR ∞), "
+        "`k failed` = victims whose run failed, never averaged in, and `k not scored` = runs "
+        "with nothing to score (a batch without a sensitive sample). `≤ floor`: on the median "
+        "victim the reconstruction is no closer than the floor, the public split's mean image "
+        "scored against the same victim (each cell's median gain over it: "
+        f"`{cells_name}`). `n/a`: metric unavailable; `no runs`: no metrics file for that "
+        f"cell. Exact values: `{csv_name}`; figure: `{figure_name}` (error bars: the 95% "
+        "intervals).",
         "",
     ]
     if "raw_recorded" in long.columns and bool((long["raw_recorded"] > 0).any()):

@@ -343,6 +343,7 @@ def render_table(
         csv_name=paths["csv"].name,
         vs_paper_name=paths["vs_paper"].name,
         figure_name=f"figures/{paths['figure'].name}",
+        cells_name=paths["cells"].name,
         floor=_floor_checks(victims, undefended_files, metrics, training),
     )
     with atomic_path(paths["markdown"]) as tmp:
