@@ -2,7 +2,7 @@
 # start-slurm.sh - install, configure and start a single-node SLURM cluster on
 # Debian 12 (bookworm), as root, without systemd (daemons are started by hand).
 # tests/test_slurm.py runs the pipeline through profiles/slurm on it; it is also a sandbox
-# for trying the profile on one machine (README, "Running on a cluster").
+# for trying the profile on one machine (docs/cluster.md).
 # Tested in a gVisor sandbox (2 cores, 24 GB) with Debian's slurm-wlm 22.05.8,
 # munge 0.5.15, mariadb 10.11 and snakemake 9.27.1 + snakemake-executor-plugin-slurm 2.8.0.
 #
