@@ -92,6 +92,14 @@ METRICS: dict[str, MetricSpec] = {
 STATS: tuple[str, ...] = ("mean", "std", "ci_low", "ci_high", "n", "failed", "note")
 #: Per-cell counts and the comparison with the floor, in the long table only (module docstring).
 CELL_EXTRAS: tuple[str, ...] = ("exact", "not_scored", "unavailable", "floor_gain", "floor_n")
+#: The extras of a cell without victims (no runs, or a training metric).
+NO_EXTRAS: dict[str, Any] = {
+    "exact": 0,
+    "not_scored": 0,
+    "unavailable": 0,
+    "floor_gain": math.nan,
+    "floor_n": 0,
+}
 #: The image metrics the floor (the public split's mean image) is scored on.
 FLOORED: tuple[str, ...] = ("mse", "psnr", "ssim", "lpips", "noise_ratio")
 #: Columns that must not vary inside one cell unless they are rows of the table.
@@ -193,11 +201,7 @@ def _cell(group: pd.DataFrame | None, metric: str, key: tuple[Any, ...] = ()) ->
         "n": 0,
         "failed": 0,
         "note": "no runs",
-        "exact": 0,
-        "not_scored": 0,
-        "unavailable": 0,
-        "floor_gain": math.nan,
-        "floor_n": 0,
+        **NO_EXTRAS,
     }
     if group is None or group.empty:
         return empty
@@ -281,11 +285,7 @@ def _training_cell(group: pd.DataFrame, metric: str) -> dict[str, Any]:
         "n": len(values),
         "failed": _failed_runs(failure, bool(values)),
         "note": f"{source}: {failure}" if failure else source,
-        "exact": 0,
-        "not_scored": 0,
-        "unavailable": 0,
-        "floor_gain": math.nan,
-        "floor_n": 0,
+        **NO_EXTRAS,
     }
 
 
