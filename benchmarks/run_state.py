@@ -2,7 +2,8 @@
 a fresh clone there, and go on with the same command.
 
     python benchmarks/run_state.py save RUN_DIR ARCHIVE [--target all] [--leave-out GLOB ...]
-                                   [--extra FILE ...] [--results results]
+                                   [--extra FILE ...] [--workdir runs/micro
+                                   --snakemake-option=--configfile=tests/configs/micro.yaml]
     python benchmarks/run_state.py restore ARCHIVE RUN_DIR [--cores N] [--extras-to DIR]
 
 A run that outlives the machine it started on (a measured ``snakemake all`` of two days on a
@@ -11,34 +12,42 @@ everything outside git with it. Its finished jobs need not be carried whole: Sna
 finished job only when a job that must still run needs one of its outputs and finds it missing
 (a result whose consumers have all run can go: the scores stand without the captures behind
 them), when an input is newer than its outputs, or when its recorded settings or code changed.
-So the archive holds:
+So the archive holds, from the run's working directory (the project, or an overlay's
+``run_dir``: pass it with ``--workdir`` and the overlay with ``--snakemake-option``):
 
-- every existing file that a job still to run reads (from ``snakemake -n TARGET``), except those
-  a cheap, deterministic job rebuilds (``--leave-out``, default ``data/prepared/*``: 27 MB at the
-  default scale), which are recorded by their SHA-256 instead;
+- every file that a job still to run reads (from ``snakemake -n TARGET``), except the files in
+  git and those a cheap, deterministic job rebuilds (``--leave-out``, default
+  ``data/prepared/*``: 27 MB at the default scale), which are recorded by their SHA-256 instead;
 - Snakemake's records (``.snakemake/metadata``: each output's settings, code and input
   checksums) and logs (``.snakemake/log``, for ``benchmarks/run_log.py``);
 - the jobs' ``benchmark:`` files and logs (``results/benchmarks``, ``results/logs``) and the saved
-  progress of jobs under way (``results/.progress``, resumed on the other machine); an overlay
-  with its own ``run_dir`` has them under ``--results`` (``runs/micro/results``, say);
+  progress of jobs under way (``results/.progress``, resumed on the other machine);
 - ``--extra`` files (a run's heartbeats and pauses), restored to ``--extras-to``.
 
+Runs deferred to MLflow (``mlflow.db.pending``) are not carried: they are for browsing, and no
+number in a table comes from them.
+
 ``restore`` rebuilds the left-out files first and checks each against its recorded SHA-256 (a
-difference would rerun every finished job that read the file: it stops there, with nothing
-extracted). It then moves the archived files into place, all with one modification time, later
-than the rebuilt ones (Snakemake compares times, and a clone's files are all new), and checks that
-a dry run has as many jobs left as the saved run had. The archive is written to a temporary file
-and renamed; the restore extracts to a staging folder first.
+difference would leave finished results made from the old file beside new ones made from this
+one: it stops there, with nothing extracted). It then moves the archived files into place, all
+with one modification time, later than the rebuilt ones (Snakemake compares times, and a clone's
+files are all new); a file in git that changed since the saved commit gets a later time still,
+so the finished jobs that read it run again, as they would on the old machine. Last, it checks
+that a dry run has the jobs left that the saved run had, rule by rule. The archive is written to
+a temporary file and renamed; the restore extracts to a staging folder first, so a damaged
+archive leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,10 +58,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 MANIFEST = "run_state.json"
-SNAKEMAKE_RECORDS = (".snakemake/metadata", ".snakemake/log")
-JOB_RECORDS = ("benchmarks", "logs", ".progress")  # under the run's results folder
+RECORDS = (
+    ".snakemake/metadata",
+    ".snakemake/log",
+    "results/benchmarks",
+    "results/logs",
+    "results/.progress",
+)  # under the run's working directory
 EXTRAS = "extras"
 ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
+TOTAL = re.compile(r"^total\s+(\d+)$")
 
 
 class RunStateError(RuntimeError):
@@ -89,41 +104,50 @@ def snakemake(binary: str, run_dir: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
-def jobs_left(binary: str, run_dir: Path, targets: list[str]) -> list[dict[str, list[str]]]:
-    """The jobs a dry run of ``targets`` would run: each one's rule, inputs and outputs.
+def dry_run(binary: str, run_dir: Path, args: list[str]) -> list[dict]:
+    """The jobs a dry run would run: each one's rule, inputs and outputs (paths in the run's
+    working directory). ``args``: the targets, then the options (``--config`` and
+    ``--configfile`` take every word after them).
 
     ``--nolock``: the run may be going on beside the save; its jobs under way are among these.
     """
-    text = snakemake(binary, run_dir, "-n", "--nolock", *targets)
-    jobs: list[dict[str, list[str]]] = []
+    text = snakemake(binary, run_dir, "-n", "--nolock", *args)
+    jobs: list[dict] = []
+    total = 0
     for line in text.splitlines():
         head = line.rstrip(":").split()
         if line.endswith(":") and len(head) == 2 and head[0] in ("rule", "localrule", "checkpoint"):
-            jobs.append({"rule": [head[1]], "input": [], "output": []})
-        elif jobs and line.startswith("    ") and ":" in line:
+            jobs.append({"rule": head[1], "input": [], "output": []})
+        elif jobs and line.startswith("    ") and ": " in line:
             key, _, value = line.strip().partition(": ")
             if key in ("input", "output"):
                 jobs[-1][key] = [v for v in value.split(", ") if v]
+        elif m := TOTAL.match(line.strip()):
+            total = int(m.group(1))
+    if len(jobs) != total:
+        raise RunStateError(
+            f"read {len(jobs)} jobs from the dry run, whose job table says {total}: this "
+            "Snakemake prints its jobs in a form run_state.py does not know"
+        )
     return jobs
 
 
-def tracked(run_dir: Path) -> set[str]:
-    done = subprocess.run(["git", "ls-files"], cwd=run_dir, capture_output=True, text=True)
+def by_rule(jobs: list[dict]) -> dict[str, int]:
+    return dict(sorted(Counter(j["rule"] for j in jobs).items()))
+
+
+def git(run_dir: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=run_dir, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RunStateError(f"{run_dir} is not a git checkout: a run folder is a clone of gradinv")
-    return set(done.stdout.splitlines())
+        raise RunStateError(
+            f"`git {' '.join(args)}` in {run_dir} failed: a run folder is a clone of gradinv "
+            f"({done.stderr.strip()})"
+        )
+    return done.stdout
 
 
-def files_under(run_dir: Path, folder: str) -> list[str]:
-    root = run_dir / folder
-    if not root.is_dir():
-        return []
-    return sorted(str(p.relative_to(run_dir)) for p in root.rglob("*") if p.is_file())
-
-
-def commit_of(run_dir: Path) -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_dir, capture_output=True, text=True)
-    return done.stdout.strip()
+def files_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
 def save(
@@ -133,42 +157,98 @@ def save(
     leave_out: list[str],
     extras: list[Path],
     binary: str | None = None,
-    results: str = "results",
+    options: list[str] | None = None,
+    workdir: str = ".",
 ) -> dict:
+    """``workdir``: the run's working directory in ``run_dir`` (an overlay's ``run_dir``),
+    ``options``: the Snakemake options the run was started with (that overlay)."""
     run_dir = run_dir.resolve()
     binary = snakemake_binary(run_dir, binary)
-    jobs = jobs_left(binary, run_dir, targets)
+    options = options or []
+    if git(run_dir, "status", "--porcelain", "--untracked-files=no").strip():
+        raise RunStateError(
+            f"{run_dir} has uncommitted changes to files in git: a restore starts from a commit, "
+            "so commit them (or stash them and let the run see the commit) first"
+        )
+    workdir_path = (run_dir / workdir).resolve()
+    if not workdir_path.is_relative_to(run_dir):
+        raise RunStateError(f"the run's working directory {workdir_path} is outside {run_dir}")
+    if not files_under(workdir_path / ".snakemake" / "metadata"):
+        raise RunStateError(
+            f"no job has finished in {workdir_path}: nothing to save there. A run with an overlay "
+            "works in the overlay's run_dir: pass it (--workdir runs/micro) and the overlay "
+            "(--snakemake-option=--configfile=...)"
+        )
+    jobs = dry_run(binary, run_dir, [*targets, *options])
     produced = {f for job in jobs for f in job["output"]}
-    in_git = tracked(run_dir)
-    needed = sorted({f for job in jobs for f in job["input"]} - produced - in_git)
-    needed = [f for f in needed if (run_dir / f).is_file()]
-    left_out = [f for f in needed if any(fnmatch.fnmatch(f, g) for g in leave_out)]
+    in_git = set(git(run_dir, "ls-files").splitlines())
+    needed, missing = [], []
+    for f in sorted({f for job in jobs for f in job["input"]} - produced):
+        rel = os.path.normpath(os.path.relpath(workdir_path / f, run_dir))  # links unfollowed
+        if rel.startswith(".."):
+            raise RunStateError(f"{f}, an input of the jobs left, is outside {run_dir}")
+        if rel in in_git:
+            continue
+        (needed if (run_dir / rel).is_file() else missing).append(rel)
+    if missing:
+        raise RunStateError(
+            f"{len(missing)} inputs of the jobs left are not in {run_dir} ({missing[0]}, ...): "
+            "pass the run's overlay (--snakemake-option=--configfile=...) and its folder "
+            "(--workdir)"
+        )
+    workdir_rel = str(workdir_path.relative_to(run_dir))
+    globs = [str(Path(workdir_rel) / g) for g in leave_out]
+    left_out = [f for f in needed if any(fnmatch.fnmatch(f, g) for g in globs)]
     kept = [f for f in needed if f not in left_out]
-    folders = [*SNAKEMAKE_RECORDS, *(f"{results}/{name}" for name in JOB_RECORDS)]
-    records = [f for folder in folders for f in files_under(run_dir, folder)]
+    records = [
+        str(p.relative_to(run_dir))
+        for folder in RECORDS
+        for p in files_under(workdir_path / folder)
+    ]
     manifest = {
         "saved": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit_of(run_dir),
+        "commit": git(run_dir, "rev-parse", "HEAD").strip(),
+        "workdir": workdir_rel,
+        "options": options,
         "targets": targets,
         "jobs_left": len(jobs),
-        "jobs_left_by_rule": dict(sorted(Counter(j["rule"][0] for j in jobs).items())),
+        "jobs_left_by_rule": by_rule(jobs),
         "files": {f: sha256(run_dir / f) for f in kept},
         "rebuilt": {f: sha256(run_dir / f) for f in left_out},
         "extras": [p.name for p in extras],
     }
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(archive.name + ".partial")
-    with tarfile.open(partial, "w:xz") as tar:
-        blob = json.dumps(manifest, indent=1).encode()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size, info.mtime = len(blob), int(time.time())
-        tar.addfile(info, io.BytesIO(blob))
-        for f in kept + records:
-            tar.add(run_dir / f, arcname=f, recursive=False)
-        for p in extras:
-            tar.add(p, arcname=f"{EXTRAS}/{p.name}", recursive=False)
-    os.replace(partial, archive)
+    try:
+        # dereference: a file DVC checked out as a link is stored with its content
+        with tarfile.open(partial, "w:xz", dereference=True) as tar:
+            blob = json.dumps(manifest, indent=1).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size, info.mtime = len(blob), int(time.time())
+            tar.addfile(info, io.BytesIO(blob))
+            for f in kept:
+                tar.add(run_dir / f, arcname=f, recursive=False)
+            for f in records:
+                # a job that ends meanwhile removes its progress folder
+                with contextlib.suppress(FileNotFoundError):
+                    tar.add(run_dir / f, arcname=f, recursive=False)
+            for p in extras:
+                tar.add(p, arcname=f"{EXTRAS}/{p.name}", recursive=False)
+        os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
     return manifest
+
+
+def allowed(name: str, manifest: dict) -> bool:
+    """Whether an archive member is one that ``save`` writes (nothing else is extracted)."""
+    workdir = Path(manifest["workdir"])
+    return (
+        name == MANIFEST
+        or name in manifest["files"]
+        or any(Path(name).is_relative_to(workdir / folder) for folder in RECORDS)
+        or (name.startswith(f"{EXTRAS}/") and name.count("/") == 1)
+    )
 
 
 def restore(
@@ -180,46 +260,87 @@ def restore(
 ) -> dict:
     run_dir = run_dir.resolve()
     binary = snakemake_binary(run_dir, binary)
-    with tarfile.open(archive, "r:xz") as tar:
-        manifest = json.loads(tar.extractfile(MANIFEST).read())
-        for f, digest in manifest["files"].items():
-            if (run_dir / f).exists() and sha256(run_dir / f) != digest:
+    staging = run_dir / ".run_state.staging"
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            manifest = json.loads(tar.extractfile(MANIFEST).read())
+            members = tar.getmembers()
+            strange = [m.name for m in members if not m.isfile() or not allowed(m.name, manifest)]
+            if strange:
                 raise RunStateError(
-                    f"{run_dir / f} exists and differs from the saved run's: restore into a fresh "
-                    "clone (git clone), or delete the run's results first"
+                    f"{archive} holds {strange[0]}, which run_state.py does not write: not a "
+                    "saved run state, or a damaged one; nothing was restored"
                 )
-        rebuilt = manifest["rebuilt"]
-        if rebuilt:
-            snakemake(binary, run_dir, *rebuilt, "--cores", cores)
-            for f, digest in rebuilt.items():
-                if sha256(run_dir / f) != digest:
+            for f, digest in manifest["files"].items():
+                if (run_dir / f).exists() and sha256(run_dir / f) != digest:
                     raise RunStateError(
-                        f"{f}, rebuilt here, differs from the saved run's "
-                        f"(SHA-256 {digest[:12]}…): every finished job that read it would run "
-                        "again. Nothing was restored; "
-                        "save again with the file kept (--leave-out none), or rerun from nothing"
+                        f"{run_dir / f} exists and differs from the saved run's: restore into a "
+                        "fresh clone (git clone), or delete the run's results first"
                     )
-        staging = run_dir / ".run_state.staging"
+            rebuild(binary, run_dir, manifest, cores)
+            shutil.rmtree(staging, ignore_errors=True)
+            tar.extractall(staging, members=members, filter="data")
+    except (OSError, tarfile.TarError, KeyError, ValueError) as e:
         shutil.rmtree(staging, ignore_errors=True)
-        tar.extractall(staging, filter="data")
+        raise RunStateError(
+            f"reading {archive}: {e!r}; not a saved run state, or a damaged one; nothing was "
+            "restored"
+        ) from e
     now = time.time()
-    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+    staged = sorted(p for p in staging.rglob("*") if p.is_file())
+    for path in staged:
         rel = path.relative_to(staging)
-        if str(rel) == MANIFEST:
-            continue
-        if rel.parts[0] == EXTRAS:
-            if extras_to is not None:
-                extras_to.mkdir(parents=True, exist_ok=True)
-                os.replace(path, extras_to / rel.name)
+        if rel.parts[0] in (MANIFEST, EXTRAS):
             continue
         os.utime(path, (now, now))
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, run_dir / rel)
+    if extras_to is not None:
+        extras_to.mkdir(parents=True, exist_ok=True)
+        for path in files_under(staging / EXTRAS):
+            shutil.move(path, extras_to / path.name)
     shutil.rmtree(staging)
-    left = jobs_left(binary, run_dir, manifest["targets"])
+    manifest["changed_in_git"] = touch_changed(run_dir, manifest["commit"], now + 1)
+    args = [*manifest["targets"], *manifest["options"]]
+    left = dry_run(binary, run_dir, args)
     manifest["jobs_left_now"] = len(left)
-    manifest["jobs_left_now_by_rule"] = dict(sorted(Counter(j["rule"][0] for j in left).items()))
+    manifest["jobs_left_now_by_rule"] = by_rule(left)
     return manifest
+
+
+def rebuild(binary: str, run_dir: Path, manifest: dict, cores: str) -> None:
+    """Build the left-out files here and check each against the saved run's SHA-256."""
+    rebuilt = manifest["rebuilt"]
+    if not rebuilt:
+        return
+    workdir = run_dir / manifest["workdir"]
+    targets = [os.path.relpath(run_dir / f, workdir) for f in rebuilt]
+    snakemake(binary, run_dir, *targets, *manifest["options"], "--cores", cores)
+    for f, digest in rebuilt.items():
+        if sha256(run_dir / f) != digest:
+            raise RunStateError(
+                f"{f}, rebuilt here, differs from the saved run's (SHA-256 {digest[:12]}…): the "
+                "finished results made from the old file would stand beside new ones made from "
+                "this one. Nothing was restored; save again with the file kept "
+                "(--leave-out none), or rerun from nothing"
+            )
+
+
+def touch_changed(run_dir: Path, saved: str, when: float) -> list[str] | None:
+    """Give the files in git that changed since the saved commit a time later than the restored
+    results', so that Snakemake reruns the finished jobs that read them. None: the saved commit
+    is not in this clone's history, and nothing could be checked."""
+    here = git(run_dir, "rev-parse", "HEAD").strip()
+    if here == saved:
+        return []
+    try:
+        names = git(run_dir, "diff", "--name-only", saved, here).split()
+    except RunStateError:
+        return None
+    changed = [f for f in names if (run_dir / f).is_file()]
+    for f in changed:
+        os.utime(run_dir / f, (when, when))
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,20 +353,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--leave-out",
         action="append",
-        help="glob of files a cheap job rebuilds, recorded by hash (default: "
-        "data/prepared/*; 'none' keeps every file)",
+        help="glob (in the run's working directory) of files a cheap job rebuilds, recorded by "
+        "hash (default: data/prepared/*; 'none' keeps every file)",
     )
     s.add_argument(
-        "--extra",
+        "--extra", action="append", type=Path, default=[], help="a file kept beside the run"
+    )
+    s.add_argument(
+        "--snakemake-option",
         action="append",
-        type=Path,
         default=[],
-        help="a file kept beside the run (heartbeats, pauses)",
+        help="an option the run was started with, such as --snakemake-option=--configfile=X",
     )
     s.add_argument(
-        "--results",
-        default="results",
-        help="the run's results folder, relative to RUN_DIR (default: results)",
+        "--workdir",
+        default=".",
+        help="the run's working directory in RUN_DIR: an overlay's run_dir (default: .)",
     )
     s.add_argument("--snakemake", help="the snakemake to run (default: RUN_DIR/.venv's)")
     r = verbs.add_parser("restore", help="put a saved run into a fresh clone")
@@ -258,14 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.verb == "save":
             leave_out = [g for g in (args.leave_out or ["data/prepared/*"]) if g != "none"]
+            targets = args.target or ["all"]
             m = save(
                 args.run_dir,
                 args.archive,
-                args.target or ["all"],
+                targets,
                 leave_out,
                 args.extra,
                 args.snakemake,
-                args.results,
+                args.snakemake_option,
+                args.workdir,
             )
             size = args.archive.stat().st_size / 2**20
             print(
@@ -278,13 +403,29 @@ def main(argv: list[str] | None = None) -> int:
     except RunStateError as e:
         print(f"run_state: {e}", file=sys.stderr)
         return 2
-    here = commit_of(args.run_dir)
+    return report(m, git(args.run_dir.resolve(), "rev-parse", "HEAD").strip())
+
+
+def report(m: dict, here: str) -> int:
+    """What the restore did; 1 where the jobs left differ from the saved run's for no reason."""
     print(
         f"restored {len(m['files'])} files, rebuilt {len(m['rebuilt'])}; the saved run had "
         f"{m['jobs_left']} jobs left at {m['commit'][:12]}, a dry run here at {here[:12]} has "
         f"{m['jobs_left_now']}"
     )
-    if m["jobs_left_now"] == m["jobs_left"]:
+    changed = m["changed_in_git"]
+    if changed is None:
+        print(
+            "run_state: the saved commit is not in this clone's history: files in git that "
+            "changed since are not known, and their finished jobs may not run again",
+            file=sys.stderr,
+        )
+    elif changed:
+        print(
+            f"{len(changed)} files in git changed since the saved commit; the finished jobs "
+            "that read them run again"
+        )
+    if m["jobs_left_now_by_rule"] == m["jobs_left_by_rule"]:
         return 0
     for rule in sorted(set(m["jobs_left_by_rule"]) | set(m["jobs_left_now_by_rule"])):
         was, now = m["jobs_left_by_rule"].get(rule, 0), m["jobs_left_now_by_rule"].get(rule, 0)
@@ -292,8 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {rule}: {was} saved, {now} now", file=sys.stderr)
     if here == m["commit"]:
         print(
-            "run_state: at the saved commit a restore must leave the same jobs: some files the "
-            "run needs were not restored",
+            "run_state: at the saved commit a restore leaves the same jobs; these differ "
+            "(`snakemake -n` says why each runs)",
             file=sys.stderr,
         )
         return 1

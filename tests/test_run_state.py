@@ -1,25 +1,32 @@
 """benchmarks/run_state.py: a run saved half-way on one machine and restored in a fresh clone on
-another goes on where it was, with nothing finished run again; a left-out file that does not
-rebuild the same stops the restore before anything is restored.
+another goes on where it was, with nothing finished run again; a file in git changed since the
+save reruns what read it; a left-out file that does not rebuild the same stops the restore
+before anything is restored.
 
 The workflow is a small one of the same shape as gradinv's: a shared input (``a``, rebuilt
 cheaply, like the prepared dataset), per-victim chains (``b{i}`` then ``c{i}``, like a capture
-and its attack) and a job that reads the shared input directly (``d``, like a utility run). ``a`` is over 1 MB,
-as the prepared dataset is: Snakemake compares smaller inputs by content, larger ones by time."""
+and its attack) and a job that reads the shared input and a file in git directly (``d``, like a
+utility run reading its partition and params). ``a`` is over 1 MB, as the prepared dataset is:
+Snakemake compares smaller inputs by content, larger ones by time. Its working directory is
+``run_dir``, as an overlay's is."""
 
-import importlib
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-run_state = importlib.import_module("run_state")
+import run_state  # noqa: E402
+
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 WORKFLOW = """
+import os
+workdir: config.get("run_dir", ".")
+REF = os.path.relpath(f"{{workflow.basedir}}/ref.txt")  # as gradinv's pipeline.project_file
 rule all:
     input: "out/c1.txt", "out/c2.txt", "out/d.txt"
 rule a:
@@ -34,59 +41,126 @@ rule c:
     output: "out/c{{i}}.txt"
     shell: "cat {{input}} > {{output}}"
 rule d:
-    input: "out/a.txt"
+    input: "out/a.txt", REF
     output: "out/d.txt"
-    shell: "wc -c < {{input}} > {{output}}"
+    shell: "wc -c < {{input[0]}} > {{output}}; cat {{input[1]}} >> {{output}}"
 """
 
 
-def clone(path: Path, a_command: str = "echo shared") -> Path:
-    """A git checkout of the workflow at ``path`` (what a fresh clone of a run folder is)."""
+def git(path: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=path,
+        check=True,
+        capture_output=True,
+    )
+
+
+def repository(path: Path, a_command: str = "echo shared") -> Path:
+    """A git repository of the workflow at ``path``."""
     path.mkdir()
     (path / "Snakefile").write_text(WORKFLOW.format(A=a_command))
-    for args in (
-        ["init", "-q"],
-        ["add", "Snakefile"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "w"],
-    ):
-        subprocess.run(["git", *args], cwd=path, check=True)
+    (path / "ref.txt").write_text("v1\n")
+    git(path, "init", "-q")
+    git(path, "add", "Snakefile", "ref.txt")
+    git(path, "commit", "-q", "-m", "w")
     return path
 
 
-def build(run: Path, *targets: str) -> None:
-    subprocess.run([SNAKEMAKE, *targets, "--cores", "1"], cwd=run, check=True, capture_output=True)
+def clone(origin: Path, path: Path) -> Path:
+    """A fresh clone: the workflow and its history, none of the run's files."""
+    subprocess.run(["git", "clone", "-q", str(origin), str(path)], check=True)
+    return path
 
 
-def test_a_restored_run_goes_on_where_it_was(tmp_path):
-    first = clone(tmp_path / "first")
-    build(first, "out/c1.txt", "out/d.txt")  # c1 and d finished; b2, c2 and all to run
-    heartbeats = tmp_path / "beats"
-    heartbeats.write_text("2026-11-28T22:00:00\n")
+def build(run: Path, *args: str) -> None:
+    subprocess.run([SNAKEMAKE, *args, "--cores", "1"], cwd=run, check=True, capture_output=True)
+
+
+def rules(run: Path, *args: str) -> list[str]:
+    jobs = run_state.dry_run(SNAKEMAKE, run, ["all", *args])
+    return sorted(j["rule"] for j in jobs)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A run with c1 and d finished, b2, c2 and all to run, saved with ``a`` left out."""
+    first = repository(tmp_path / "first")
+    build(first, "out/c1.txt", "out/d.txt")
+    beats = tmp_path / "beats"
+    beats.write_text("2026-11-28T22:00:00\n")
     archive = tmp_path / "state.tar.xz"
-    saved = run_state.save(first, archive, ["all"], ["out/a.txt"], [heartbeats], SNAKEMAKE)
-    assert saved["jobs_left"] == 3
-    assert saved["jobs_left_by_rule"] == {"all": 1, "b": 1, "c": 1}
+    manifest = run_state.save(first, archive, ["all"], ["out/a.txt"], [beats], SNAKEMAKE)
+    return first, archive, manifest
+
+
+def test_a_restored_run_goes_on_where_it_was(tmp_path, saved):
+    first, archive, manifest = saved
+    assert manifest["jobs_left_by_rule"] == {"all": 1, "b": 1, "c": 1}
     # what the jobs to run read: c1 and d (read by all) and a (by b2), rebuilt rather than kept;
     # b1 is read by c1 alone, which has run, so it stays behind
-    assert sorted(saved["files"]) == ["out/c1.txt", "out/d.txt"]
-    assert list(saved["rebuilt"]) == ["out/a.txt"]
+    assert sorted(manifest["files"]) == ["out/c1.txt", "out/d.txt"]
+    assert list(manifest["rebuilt"]) == ["out/a.txt"]
 
-    second = clone(tmp_path / "second")
+    second = clone(first, tmp_path / "second")
     restored = run_state.restore(archive, second, "1", tmp_path / "meta", SNAKEMAKE)
     # d read a, which this clone rebuilt just now: only the restored files' one, later time
     # keeps d from running again
-    assert restored["jobs_left_now"] == 3
-    assert restored["jobs_left_now_by_rule"] == saved["jobs_left_by_rule"]
+    assert restored["jobs_left_now_by_rule"] == manifest["jobs_left_by_rule"]
+    assert restored["changed_in_git"] == []
+    assert run_state.report(restored, manifest["commit"]) == 0
     assert not (second / "out" / "b1.txt").exists()
-    assert (tmp_path / "meta" / "beats").read_text() == heartbeats.read_text()
+    assert (tmp_path / "meta" / "beats").read_text() == "2026-11-28T22:00:00\n"
     assert not (second / ".run_state.staging").exists()
     build(second)
     assert (second / "out" / "c2.txt").read_text() == "shared\n2\n"
     assert (second / "out" / "c1.txt").read_text() == (first / "out" / "c1.txt").read_text()
 
 
+def test_without_the_one_later_time_a_restored_job_would_run_again(tmp_path, saved):
+    """With the archive's own (older) times, ``a`` rebuilt here is newer than d's output and
+    than c1's (b1's missing output counts through it): both finished chains would run again."""
+    first, archive, _ = saved
+    second = clone(first, tmp_path / "second")
+    build(second, "out/a.txt")
+    with tarfile.open(archive) as tar:
+        tar.extractall(second, filter="data")  # the files with the times they had
+    assert rules(second) == ["all", "b", "b", "c", "c", "d"]
+
+
+def test_a_file_in_git_changed_since_the_save_reruns_what_read_it(tmp_path, saved):
+    first, archive, manifest = saved
+    second = clone(first, tmp_path / "second")
+    (second / "ref.txt").write_text("v2\n")
+    git(second, "commit", "-q", "-am", "another reference")
+    restored = run_state.restore(archive, second, "1", None, SNAKEMAKE)
+    assert restored["changed_in_git"] == ["ref.txt"]
+    assert restored["jobs_left_now_by_rule"] == {"all": 1, "b": 1, "c": 1, "d": 1}
+    assert run_state.report(restored, "another commit") == 0  # the change explains it
+    assert run_state.report(restored, manifest["commit"]) == 1  # nothing would
+
+
+def test_a_run_in_its_own_folder_is_carried_with_its_options(tmp_path):
+    first = repository(tmp_path / "first")
+    option = ["--config", "run_dir=runs/m"]
+    build(first, "out/c1.txt", "out/d.txt", *option)
+    archive = tmp_path / "state.tar.xz"
+    with pytest.raises(run_state.RunStateError, match="no job has finished in"):
+        run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)  # the project's folder: empty
+    manifest = run_state.save(
+        first, archive, ["all"], ["out/a.txt"], [], SNAKEMAKE, option, "runs/m"
+    )
+    assert manifest["workdir"] == "runs/m"
+    assert sorted(manifest["files"]) == ["runs/m/out/c1.txt", "runs/m/out/d.txt"]
+    assert list(manifest["rebuilt"]) == ["runs/m/out/a.txt"]
+    second = clone(first, tmp_path / "second")
+    restored = run_state.restore(archive, second, "1", None, SNAKEMAKE)
+    assert restored["jobs_left_now_by_rule"] == {"all": 1, "b": 1, "c": 1}
+    assert (second / "runs/m/.snakemake/metadata").is_dir()
+
+
 def test_a_file_that_rebuilds_differently_stops_the_restore(tmp_path, capsys):
-    first = clone(tmp_path / "first", "date +%N")  # not deterministic: a differs each build
+    first = repository(tmp_path / "first", "date +%N")  # not deterministic: a differs each build
     build(first, "out/c1.txt")
     archive = tmp_path / "state.tar.xz"
     assert (
@@ -95,7 +169,7 @@ def test_a_file_that_rebuilds_differently_stops_the_restore(tmp_path, capsys):
         )
         == 0
     )
-    second = clone(tmp_path / "second", "date +%N")
+    second = clone(first, tmp_path / "second")
     assert (
         run_state.main(
             ["restore", str(archive), str(second), "--cores", "1", "--snakemake", SNAKEMAKE]
@@ -108,32 +182,30 @@ def test_a_file_that_rebuilds_differently_stops_the_restore(tmp_path, capsys):
     assert not (second / "out" / "c1.txt").exists()
 
 
-def test_restore_refuses_to_overwrite_other_results(tmp_path):
-    first = clone(tmp_path / "first")
-    build(first, "out/c1.txt")
-    archive = tmp_path / "state.tar.xz"
-    run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)
-    second = clone(tmp_path / "second")
+def test_restore_refuses_other_results_and_other_archives(tmp_path, saved):
+    first, archive, _ = saved
+    second = clone(first, tmp_path / "second")
     (second / "out").mkdir()
     (second / "out" / "c1.txt").write_text("another run's\n")
     with pytest.raises(run_state.RunStateError, match="exists and differs from the saved run's"):
         run_state.restore(archive, second, "1", None, SNAKEMAKE)
     assert (second / "out" / "c1.txt").read_text() == "another run's\n"
 
+    foreign = tmp_path / "foreign.tar.xz"
+    with tarfile.open(archive) as src, tarfile.open(foreign, "w:xz") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member))
+        (tmp_path / "hook").write_text("#!/bin/sh\n")
+        dst.add(tmp_path / "hook", arcname=".git/hooks/post-checkout")
+    third = clone(first, tmp_path / "third")
+    with pytest.raises(run_state.RunStateError, match=r"which run_state\.py does not write"):
+        run_state.restore(foreign, third, "1", None, SNAKEMAKE)
+    assert not (third / "out").exists()
 
-def test_without_the_one_later_time_a_restored_job_would_run_again(tmp_path):
-    """Why the restore gives its files one time later than the rebuilt ones: with the archive's
-    own (older) times, ``a`` rebuilt here is newer than d's output and than c1's (b1's missing
-    output counts through it), so both finished chains would run again."""
-    first = clone(tmp_path / "first")
-    build(first, "out/c1.txt", "out/d.txt")
-    archive = tmp_path / "state.tar.xz"
-    run_state.save(first, archive, ["all"], ["out/a.txt"], [], SNAKEMAKE)
-    second = clone(tmp_path / "second")
-    build(second, "out/a.txt")
-    import tarfile
 
-    with tarfile.open(archive) as tar:
-        tar.extractall(second, filter="data")  # the files with the times they had
-    jobs = run_state.jobs_left(SNAKEMAKE, second, ["all"])
-    assert sorted(j["rule"][0] for j in jobs) == ["all", "b", "b", "c", "c", "d"]
+def test_save_refuses_uncommitted_changes(tmp_path):
+    first = repository(tmp_path / "first")
+    (first / "ref.txt").write_text("v2\n")
+    with pytest.raises(run_state.RunStateError, match="uncommitted changes"):
+        run_state.save(first, tmp_path / "state.tar.xz", ["all"], [], [], SNAKEMAKE)
+    assert not list(tmp_path.glob("state.tar.xz*"))
