@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
-import hashlib
 import io
 import json
 import os
@@ -56,6 +55,8 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+
+from gradinv.io import sha256_file as sha256
 
 MANIFEST = "run_state.json"
 RECORDS = (
@@ -72,14 +73,6 @@ TOTAL = re.compile(r"^total\s+(\d+)$")
 
 class RunStateError(RuntimeError):
     """A run state that cannot be saved or restored as asked; the message says why and the fix."""
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def snakemake_binary(run_dir: Path, given: str | None) -> str:
