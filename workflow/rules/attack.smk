@@ -12,6 +12,7 @@ rule attack:
         settings=lambda w: job_settings(config, "attack", **w),
         generator=lambda w, input: f"--generator {input.generator}" if input.generator else "",
     threads: config["threads_per_job"]
+    priority: PRIORITY["attack"]  # depth first (common.smk)
     group:
         cluster.group(config, "attack")
     resources:
@@ -41,6 +42,7 @@ rule score:
     params:
         settings=lambda w: job_settings(config, "score", **w),
     threads: config["threads_per_job"]
+    priority: PRIORITY["score"]  # depth first (common.smk)
     conda:
         "../../environment.yml"
     log:

@@ -14,6 +14,7 @@ rule capture:
     params:
         settings=lambda w: job_settings(config, "capture", **w),
     threads: config["threads_per_job"]
+    priority: PRIORITY["capture"]  # depth first (common.smk)
     group:
         cluster.group(config, "capture")
     resources:
