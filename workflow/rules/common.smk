@@ -26,14 +26,22 @@ wildcard_constraints:
 RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
 
 # Which ready job runs first (Snakemake runs the higher priority first; the rest are 0). The FL
-# utility runs, the longest jobs, come first (priority 10, utility.smk). A victim's chain runs
+# utility runs, the longest jobs, come first (priority 10, utility.smk). After them, a cell runs
 # depth first: a finished capture is attacked, and a finished attack scored, before the next
-# capture starts; the jobs they wait on (the victims' selection, a dataset's floor) rank with
-# them. Without this Snakemake prefers the jobs with the larger inputs and would hold many cells'
-# captures (a few MB each at the default scale) at once; depth first, a run stopped at any point
-# holds few files that its unfinished jobs still need (what benchmarks/run_state.py carries to
-# another machine), and the first cells' scores come early.
-PRIORITY = {"score": 3, "floor": 3, "attack": 2, "capture": 1, "select_victim": 1}
+# capture starts. What a cell waits on (its victims, a dataset's floor and evaluation network, an
+# attack's generator: a job each) runs before any cell starts, lest a cell's capture wait for its
+# score behind every other capture. Without this Snakemake prefers the jobs with the larger
+# inputs and would hold many cells' captures (a few MB each at the default scale) at once; depth
+# first, a run stopped at any point holds few files that its unfinished jobs still need (what
+# benchmarks/run_state.py carries to another machine), and the first cells' scores come early.
+PRIORITY = {
+    **dict.fromkeys(
+        ("select_victim", "floor", "train_evalnet", "train_generator", "fetch_generator"), 4
+    ),
+    "score": 3,
+    "attack": 2,
+    "capture": 1,
+}
 
 # Each rule's resources (a `gpu` token for the jobs that may use a GPU, a scheduler's memory and
 # time limit) and its submission group come from gradinv.cluster: `**cluster.resources(config,

@@ -40,7 +40,7 @@ rule floor:
         "data/floor/{dataset}.pt",
     params:
         settings=lambda w: job_settings(config, "floor", **w),
-    priority: PRIORITY["floor"]  # depth first (common.smk)
+    priority: PRIORITY["floor"]  # before any cell (common.smk)
     conda:
         "../../environment.yml"
     log:
@@ -58,7 +58,7 @@ rule select_victim:
     params:
         stride=config["capture"]["victim_stride"],
         distinct="--distinct-labels" if config["capture"]["distinct_labels"] else "",
-    priority: PRIORITY["select_victim"]  # depth first (common.smk)
+    priority: PRIORITY["select_victim"]  # before any cell (common.smk)
     conda:
         "../../environment.yml"
     log:

@@ -13,6 +13,7 @@ rule train_evalnet:
     params:
         settings=lambda w: job_settings(config, "evalnet", **w),
     threads: config["threads_per_job"]
+    priority: PRIORITY["train_evalnet"]  # before any cell (common.smk)
     resources:
         **cluster.resources(config, "train_evalnet"),
     conda:

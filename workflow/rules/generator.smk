@@ -14,6 +14,7 @@ rule train_generator:
     params:
         settings=lambda w: job_settings(config, "generator", **w),
     threads: config["threads_per_job"]
+    priority: PRIORITY["train_generator"]  # before any cell (common.smk)
     resources:
         **cluster.resources(config, "train_generator"),
     conda:
@@ -34,6 +35,7 @@ rule fetch_generator:
         generator=generator_names(config, trained=False),
     params:
         settings=lambda w: job_settings(config, "generator", **w),
+    priority: PRIORITY["fetch_generator"]  # before any cell (common.smk)
     conda:
         "../../environment.yml"
     log:
