@@ -25,16 +25,10 @@ wildcard_constraints:
 
 RUN = "{dataset}/{model}/{defense}/r{round}_b{bs}"
 
-# Which ready job runs first (Snakemake runs the higher priority first; the rest are 0). The FL
-# utility runs, the longest jobs, come first (priority 10, utility.smk). After them, a cell runs
-# depth first: a finished capture is attacked, and a finished attack scored, before the next
-# capture starts. What a cell waits on (its victims, a dataset's floor and evaluation network, an
-# attack's generator: a job each) runs before any cell starts, lest a cell's capture wait for its
-# score behind every other capture. Without this Snakemake prefers the jobs with the larger
-# inputs and would hold many cells' captures (a few MB each at the default scale) at once; depth
-# first, a run stopped at any point holds few files that its unfinished jobs still need (what
-# benchmarks/run_state.py carries to another machine), and the first cells' scores come early.
+# Which ready job runs first (higher first; the rest are 0): the FL utility runs, then what a
+# cell waits on, then each cell depth first. Why: docs/pipeline.md (the paragraph on priorities).
 PRIORITY = {
+    "train_utility": 10,
     **dict.fromkeys(
         ("select_victim", "floor", "train_evalnet", "train_generator", "fetch_generator"), 4
     ),

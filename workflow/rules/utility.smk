@@ -44,7 +44,7 @@ rule train_utility:
     threads: config["threads_per_job"]
     # The longest jobs of `all` (Refiner's runs on the ResNets and the ViT take hours): started
     # as soon as they can be, so that no core idles at the end while one of them runs alone.
-    priority: 10
+    priority: PRIORITY["train_utility"]
     resources:
         **cluster.resources(config, "train_utility"),
     conda:
