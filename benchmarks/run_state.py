@@ -2,7 +2,7 @@
 a fresh clone there, and go on with the same command.
 
     python benchmarks/run_state.py save RUN_DIR ARCHIVE [--target all] [--leave-out GLOB ...]
-                                   [--extra FILE ...] [--workdir runs/micro
+                                   [--extra FILE ...] [--large MIB] [--workdir runs/micro
                                    --snakemake-option=--configfile=tests/configs/micro.yaml]
     python benchmarks/run_state.py restore ARCHIVE RUN_DIR [--cores N] [--extras-to DIR]
 
@@ -24,10 +24,18 @@ So the archive holds, from the run's working directory (the project, or an overl
   progress of jobs under way (``results/.progress``, resumed on the other machine);
 - ``--extra`` files (a run's heartbeats and pauses), restored to ``--extras-to``.
 
+A kept file of ``--large`` MiB or more (default 1: a trained generator, a defended model's
+checkpoint) is not put in the archive but beside it, in ``<name>.objects/`` (``all-state.objects``
+for ``all-state.tar.xz``), under its SHA-256: a file that many saves of a long run hold, unchanged,
+is then one file that git keeps once, where inside a compressed archive it would be stored again
+with every save. Each save removes the objects its archive no longer names; commit the folder
+with the archive (``git add -A``).
+
 Runs deferred to MLflow (``mlflow.db.pending``) are not carried: they are for browsing, and no
 number in a table comes from them.
 
-``restore`` rebuilds the left-out files first and checks each against its recorded SHA-256 (a
+``restore`` checks the objects against their SHA-256 first (one missing or different stops it,
+with nothing restored), rebuilds the left-out files and checks each against its recorded SHA-256 (a
 difference would leave finished results made from the old file beside new ones made from this
 one: it stops there, with nothing extracted). It then moves the archived files into place, all
 with one modification time, later than the rebuilt ones (Snakemake compares times, and a clone's
@@ -67,6 +75,7 @@ RECORDS = (
     "results/.progress",
 )  # under the run's working directory
 EXTRAS = "extras"
+LARGE_MIB = 1.0  # a kept file this large or larger is stored beside the archive, by its SHA-256
 ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
 TOTAL = re.compile(r"^total\s+(\d+)$")
 
@@ -139,6 +148,52 @@ def git(run_dir: Path, *args: str) -> str:
     return done.stdout
 
 
+def objects_folder(archive: Path) -> Path:
+    """Where the archive's large files lie: ``all-state.objects`` beside ``all-state.tar.xz``."""
+    return archive.with_name(archive.name.split(".")[0] + ".objects")
+
+
+def put_objects(folder: Path, run_dir: Path, objects: dict[str, str]) -> None:
+    """Each large file once under its SHA-256 (written to a temporary name, then renamed); the
+    ones the folder has already are not written again."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f, digest in objects.items():
+        target = folder / digest
+        if target.is_file() and sha256(target) == digest:
+            continue
+        partial = folder / f"{digest}.partial"
+        try:
+            shutil.copyfile(run_dir / f, partial)  # follows a DVC link to its content
+            if sha256(partial) != digest:
+                raise RunStateError(f"{run_dir / f} changed while it was saved: save again")
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def prune_objects(folder: Path, objects: dict[str, str]) -> None:
+    """Remove the objects the newest archive does not name (an earlier save's)."""
+    wanted = set(objects.values())
+    for p in files_under(folder):
+        if p.parent == folder and p.name not in wanted:
+            p.unlink()
+
+
+def check_objects(folder: Path, objects: dict[str, str]) -> None:
+    for f, digest in objects.items():
+        p = folder / digest
+        if not p.is_file():
+            raise RunStateError(
+                f"{p}, the saved {f}, is missing: the archive's objects folder comes with it "
+                f"(commit and check out {folder.name}/ with the archive); nothing was restored"
+            )
+        if sha256(p) != digest:
+            raise RunStateError(
+                f"{p}, the saved {f}, is damaged (its SHA-256 is not its name); nothing was "
+                "restored"
+            )
+
+
 def files_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
@@ -152,9 +207,11 @@ def save(
     binary: str | None = None,
     options: list[str] | None = None,
     workdir: str = ".",
+    large_mib: float = LARGE_MIB,
 ) -> dict:
     """``workdir``: the run's working directory in ``run_dir`` (an overlay's ``run_dir``),
-    ``options``: the Snakemake options the run was started with (that overlay)."""
+    ``options``: the Snakemake options the run was started with (that overlay); ``large_mib``:
+    kept files this large or larger go beside the archive (``objects_folder``)."""
     run_dir = run_dir.resolve()
     binary = snakemake_binary(run_dir, binary)
     options = options or []
@@ -193,6 +250,8 @@ def save(
     globs = [str(Path(workdir_rel) / g) for g in leave_out]
     left_out = [f for f in needed if any(fnmatch.fnmatch(f, g) for g in globs)]
     kept = [f for f in needed if f not in left_out]
+    large = [f for f in kept if (run_dir / f).stat().st_size >= large_mib * 2**20]
+    kept = [f for f in kept if f not in large]
     records = [
         str(p.relative_to(run_dir))
         for folder in RECORDS
@@ -207,10 +266,13 @@ def save(
         "jobs_left": len(jobs),
         "jobs_left_by_rule": by_rule(jobs),
         "files": {f: sha256(run_dir / f) for f in kept},
+        "objects": {f: sha256(run_dir / f) for f in large},
         "rebuilt": {f: sha256(run_dir / f) for f in left_out},
         "extras": [p.name for p in extras],
     }
     archive.parent.mkdir(parents=True, exist_ok=True)
+    folder = objects_folder(archive)
+    put_objects(folder, run_dir, manifest["objects"])  # before the archive that names them
     partial = archive.with_name(archive.name + ".partial")
     try:
         # dereference: a file DVC checked out as a link is stored with its content
@@ -230,6 +292,9 @@ def save(
         os.replace(partial, archive)
     finally:
         partial.unlink(missing_ok=True)
+    prune_objects(folder, manifest["objects"])
+    if not any(folder.iterdir()):
+        folder.rmdir()
     return manifest
 
 
@@ -264,7 +329,9 @@ def restore(
                     f"{archive} holds {strange[0]}, which run_state.py does not write: not a "
                     "saved run state, or a damaged one; nothing was restored"
                 )
-            for f, digest in manifest["files"].items():
+            objects = manifest.get("objects", {})  # none in an archive saved before them
+            check_objects(objects_folder(archive), objects)
+            for f, digest in {**manifest["files"], **objects}.items():
                 if (run_dir / f).exists() and sha256(run_dir / f) != digest:
                     raise RunStateError(
                         f"{run_dir / f} exists and differs from the saved run's: restore into a "
@@ -273,6 +340,9 @@ def restore(
             rebuild(binary, run_dir, manifest, cores)
             shutil.rmtree(staging, ignore_errors=True)
             tar.extractall(staging, members=members, filter="data")
+            for f, digest in objects.items():
+                (staging / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(objects_folder(archive) / digest, staging / f)
     except (OSError, tarfile.TarError, KeyError, ValueError) as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise RunStateError(
@@ -363,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         default=".",
         help="the run's working directory in RUN_DIR: an overlay's run_dir (default: .)",
     )
+    s.add_argument(
+        "--large",
+        type=float,
+        default=LARGE_MIB,
+        help="MiB: a kept file this large or larger is stored beside the archive, in "
+        "<name>.objects/ under its SHA-256, once however many saves hold it (default: 1)",
+    )
     s.add_argument("--snakemake", help="the snakemake to run (default: RUN_DIR/.venv's)")
     r = verbs.add_parser("restore", help="put a saved run into a fresh clone")
     r.add_argument("archive", type=Path)
@@ -384,12 +461,20 @@ def main(argv: list[str] | None = None) -> int:
                 args.snakemake,
                 args.snakemake_option,
                 args.workdir,
+                args.large,
             )
             size = args.archive.stat().st_size / 2**20
+            folder = objects_folder(args.archive)
+            apart = sum(p.stat().st_size for p in files_under(folder)) / 2**20
             print(
                 f"{args.archive}: {size:.1f} MiB; {m['jobs_left']} jobs left at "
                 f"{m['commit'][:12]}; {len(m['files'])} files they read kept, "
                 f"{len(m['rebuilt'])} to rebuild"
+                + (
+                    f"; {len(m['objects'])} large ones in {folder} ({apart:.1f} MiB)"
+                    if m["objects"]
+                    else ""
+                )
             )
             return 0
         m = restore(args.archive, args.run_dir, args.cores, args.extras_to, args.snakemake)
@@ -401,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(m: dict, here: str) -> int:
     """What the restore did; 1 where the jobs left differ from the saved run's for no reason."""
+    restored = len(m["files"]) + len(m.get("objects", {}))
     print(
-        f"restored {len(m['files'])} files, rebuilt {len(m['rebuilt'])}; the saved run had "
+        f"restored {restored} files, rebuilt {len(m['rebuilt'])}; the saved run had "
         f"{m['jobs_left']} jobs left at {m['commit'][:12]}, a dry run here at {here[:12]} has "
         f"{m['jobs_left_now']}"
     )

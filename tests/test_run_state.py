@@ -182,6 +182,47 @@ def test_a_file_that_rebuilds_differently_stops_the_restore(tmp_path, capsys):
     assert not (second / "out" / "c1.txt").exists()
 
 
+def test_a_large_file_lies_beside_the_archive_once_under_its_hash(tmp_path):
+    """Kept, ``a`` (1.1 MB) goes into ``state.objects/<its SHA-256>``, not into the archive: a
+    second save holding it writes no other copy, a save that no longer needs it removes it, and
+    a restore puts it in place, or stops, with nothing restored, where it is damaged."""
+    first = repository(tmp_path / "first")
+    build(first, "out/c1.txt", "out/d.txt")
+    archive = tmp_path / "state.tar.xz"
+    manifest = run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)
+    objects = tmp_path / "state.objects"
+    assert run_state.objects_folder(archive) == objects
+    digest = run_state.sha256(first / "out" / "a.txt")
+    assert manifest["objects"] == {"out/a.txt": digest}
+    assert sorted(manifest["files"]) == ["out/c1.txt", "out/d.txt"]
+    with tarfile.open(archive) as tar:
+        assert "out/a.txt" not in tar.getnames()
+    assert [p.name for p in objects.iterdir()] == [digest]
+    written = (objects / digest).stat().st_mtime_ns
+    run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)
+    assert [p.name for p in objects.iterdir()] == [digest]
+    assert (objects / digest).stat().st_mtime_ns == written  # not written again
+
+    second = clone(first, tmp_path / "second")
+    restored = run_state.restore(archive, second, "1", None, SNAKEMAKE)
+    assert restored["jobs_left_now_by_rule"] == manifest["jobs_left_by_rule"]
+    assert run_state.sha256(second / "out" / "a.txt") == digest
+    assert run_state.report(restored, manifest["commit"]) == 0
+
+    (objects / digest).write_bytes(b"damaged")
+    third = clone(first, tmp_path / "third")
+    with pytest.raises(run_state.RunStateError, match=r"out/a\.txt, is damaged"):
+        run_state.restore(archive, third, "1", None, SNAKEMAKE)
+    (objects / digest).unlink()
+    with pytest.raises(run_state.RunStateError, match=r"out/a\.txt, is missing"):
+        run_state.restore(archive, third, "1", None, SNAKEMAKE)
+    assert not (third / "out").exists()
+
+    build(first, "out/c2.txt")  # b2 has run: no job left reads a
+    assert run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)["objects"] == {}
+    assert not objects.exists()
+
+
 def test_restore_refuses_other_results_and_other_archives(tmp_path, saved):
     first, archive, _ = saved
     second = clone(first, tmp_path / "second")
