@@ -2,7 +2,8 @@
 a fresh clone there, and go on with the same command.
 
     python benchmarks/run_state.py save RUN_DIR ARCHIVE [--target all] [--leave-out GLOB ...]
-                                   [--extra FILE ...] [--large MIB] [--workdir runs/micro
+                                   [--extra FILE ...] [--large MIB] [--progress-max MIB]
+                                   [--workdir runs/micro
                                    --snakemake-option=--configfile=tests/configs/micro.yaml]
     python benchmarks/run_state.py restore ARCHIVE RUN_DIR [--cores N] [--extras-to DIR]
 
@@ -30,6 +31,10 @@ for ``all-state.tar.xz``), under its SHA-256: a file that many saves of a long r
 is then one file that git keeps once, where inside a compressed archive it would be stored again
 with every save. Each save removes the objects its archive no longer names; commit the folder
 with the archive (``git add -A``).
+
+A job's saved progress changes every few minutes while it runs, so it is kept in the archive,
+and one over ``--progress-max`` MiB (default 4: a ViT's Adam state under CVB's recipe is 17.6
+MiB) is left out: that job starts over after a restore, and the save names it.
 
 Runs deferred to MLflow (``mlflow.db.pending``) are not carried: they are for browsing, and no
 number in a table comes from them.
@@ -76,6 +81,7 @@ RECORDS = (
 )  # under the run's working directory
 EXTRAS = "extras"
 LARGE_MIB = 1.0  # a kept file this large or larger is stored beside the archive, by its SHA-256
+PROGRESS_MAX_MIB = 4.0  # a job's saved progress larger than this is left out (it starts over)
 ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
 TOTAL = re.compile(r"^total\s+(\d+)$")
 
@@ -194,6 +200,14 @@ def check_objects(folder: Path, objects: dict[str, str]) -> None:
             )
 
 
+def size_of(path: Path) -> int:
+    """0 for a file that is gone (a job that ended meanwhile removes its progress folder)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def files_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
@@ -208,10 +222,12 @@ def save(
     options: list[str] | None = None,
     workdir: str = ".",
     large_mib: float = LARGE_MIB,
+    progress_max_mib: float = PROGRESS_MAX_MIB,
 ) -> dict:
     """``workdir``: the run's working directory in ``run_dir`` (an overlay's ``run_dir``),
     ``options``: the Snakemake options the run was started with (that overlay); ``large_mib``:
-    kept files this large or larger go beside the archive (``objects_folder``)."""
+    kept files this large or larger go beside the archive (``objects_folder``);
+    ``progress_max_mib``: a job's saved progress larger than this is left out."""
     run_dir = run_dir.resolve()
     binary = snakemake_binary(run_dir, binary)
     options = options or []
@@ -257,6 +273,14 @@ def save(
         for folder in RECORDS
         for p in files_under(workdir_path / folder)
     ]
+    progress = workdir_path / "results/.progress"
+    too_large = [
+        f
+        for f in records
+        if (run_dir / f).is_relative_to(progress)
+        and size_of(run_dir / f) > progress_max_mib * 2**20
+    ]
+    records = [f for f in records if f not in too_large]
     manifest = {
         "saved": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": git(run_dir, "rev-parse", "HEAD").strip(),
@@ -269,6 +293,7 @@ def save(
         "objects": {f: sha256(run_dir / f) for f in large},
         "rebuilt": {f: sha256(run_dir / f) for f in left_out},
         "extras": [p.name for p in extras],
+        "progress_left_out": too_large,
     }
     archive.parent.mkdir(parents=True, exist_ok=True)
     folder = objects_folder(archive)
@@ -440,6 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         help="MiB: a kept file this large or larger is stored beside the archive, in "
         "<name>.objects/ under its SHA-256, once however many saves hold it (default: 1)",
     )
+    s.add_argument(
+        "--progress-max",
+        type=float,
+        default=PROGRESS_MAX_MIB,
+        help="MiB: a job's saved progress larger than this is left out, and that job starts "
+        "over after a restore (default: 4)",
+    )
     s.add_argument("--snakemake", help="the snakemake to run (default: RUN_DIR/.venv's)")
     r = verbs.add_parser("restore", help="put a saved run into a fresh clone")
     r.add_argument("archive", type=Path)
@@ -462,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.snakemake_option,
                 args.workdir,
                 args.large,
+                args.progress_max,
             )
             size = args.archive.stat().st_size / 2**20
             folder = objects_folder(args.archive)
@@ -476,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
                     else ""
                 )
             )
+            for f in m["progress_left_out"]:
+                print(f"left out {f}, over --progress-max: that job starts over after a restore")
             return 0
         m = restore(args.archive, args.run_dir, args.cores, args.extras_to, args.snakemake)
     except RunStateError as e:

@@ -223,6 +223,31 @@ def test_a_large_file_lies_beside_the_archive_once_under_its_hash(tmp_path):
     assert not objects.exists()
 
 
+def test_a_large_saved_progress_is_left_out_and_named(tmp_path):
+    """A running job's progress changes with every save: one over --progress-max (default 4 MiB)
+    stays out of the archive, and the manifest names it (that job starts over)."""
+    first = repository(tmp_path / "first")
+    build(first, "out/c1.txt")
+    small = first / "results" / ".progress" / "small" / "state.pt"
+    large = first / "results" / ".progress" / "large" / "state.pt"
+    for path, size in ((small, 1000), (large, 5 * 2**20)):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"\1" * size)
+    archive = tmp_path / "state.tar.xz"
+    manifest = run_state.save(first, archive, ["all"], ["out/a.txt"], [], SNAKEMAKE)
+    assert manifest["progress_left_out"] == ["results/.progress/large/state.pt"]
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "results/.progress/small/state.pt" in names
+    assert "results/.progress/large/state.pt" not in names
+    manifest = run_state.save(
+        first, archive, ["all"], ["out/a.txt"], [], SNAKEMAKE, progress_max_mib=8
+    )
+    assert manifest["progress_left_out"] == []
+    with tarfile.open(archive) as tar:
+        assert "results/.progress/large/state.pt" in tar.getnames()
+
+
 def test_restore_refuses_other_results_and_other_archives(tmp_path, saved):
     first, archive, _ = saved
     second = clone(first, tmp_path / "second")
