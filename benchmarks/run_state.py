@@ -72,12 +72,13 @@ from pathlib import Path
 from gradinv.io import sha256_file as sha256
 
 MANIFEST = "run_state.json"
+PROGRESS = "results/.progress"  # the saved progress of jobs under way
 RECORDS = (
     ".snakemake/metadata",
     ".snakemake/log",
     "results/benchmarks",
     "results/logs",
-    "results/.progress",
+    PROGRESS,
 )  # under the run's working directory
 EXTRAS = "extras"
 LARGE_MIB = 1.0  # a kept file this large or larger is stored beside the archive, by its SHA-256
@@ -180,8 +181,8 @@ def put_objects(folder: Path, run_dir: Path, objects: dict[str, str]) -> None:
 def prune_objects(folder: Path, objects: dict[str, str]) -> None:
     """Remove the objects the newest archive does not name (an earlier save's)."""
     wanted = set(objects.values())
-    for p in files_under(folder):
-        if p.parent == folder and p.name not in wanted:
+    for p in folder.iterdir():
+        if p.is_file() and p.name not in wanted:
             p.unlink()
 
 
@@ -273,7 +274,7 @@ def save(
         for folder in RECORDS
         for p in files_under(workdir_path / folder)
     ]
-    progress = workdir_path / "results/.progress"
+    progress = workdir_path / PROGRESS
     too_large = [
         f
         for f in records
@@ -355,7 +356,8 @@ def restore(
                     "saved run state, or a damaged one; nothing was restored"
                 )
             objects = manifest.get("objects", {})  # none in an archive saved before them
-            check_objects(objects_folder(archive), objects)
+            folder = objects_folder(archive)
+            check_objects(folder, objects)
             for f, digest in {**manifest["files"], **objects}.items():
                 if (run_dir / f).exists() and sha256(run_dir / f) != digest:
                     raise RunStateError(
@@ -367,7 +369,7 @@ def restore(
             tar.extractall(staging, members=members, filter="data")
             for f, digest in objects.items():
                 (staging / f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(objects_folder(archive) / digest, staging / f)
+                shutil.copyfile(folder / digest, staging / f)
     except (OSError, tarfile.TarError, KeyError, ValueError) as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise RunStateError(
