@@ -2,6 +2,7 @@
 each job's time over all its attempts.
 
     python benchmarks/run_log.py LOG [LOG ...] [--heartbeats FILE] [--pauses FILE] [--csv OUT]
+                                 [--kinds utility|REGEX]
 
 A run that stops and resumes (a machine's session ends, a laptop sleeps, a cluster job is
 preempted) is several Snakemake invocations of the same target. Each writes a log
@@ -29,6 +30,11 @@ run, a minute apart, say; those within ``--heartbeat-lead`` before the next invo
 are that one's, its wrapper starting), or, without one, the last time stamp in its log (then the
 figures are a lower bound, and the output says so). ``--pauses`` holds one pause a line,
 ``START END`` in ISO 8601. Every time is read on the log's clock (the machine's local time).
+
+``--kinds`` adds a table of the finished jobs by kind: a regular expression searched in each
+job's output, its named groups the kind (``utility``: the FL utility runs,
+``results/utility/RECIPE/DATA/MODEL/DEFENSE/seedK/``, by recipe, model and defense), each kind's
+median seconds a job (its attempts summed), their range and how many.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+import statistics
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -49,6 +56,9 @@ FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$|^Finished job (\
 ERROR = re.compile(r"^Error in rule (\w+):$")
 FIELD = re.compile(r"^ {4}(\w+): (.*)$")
 COMPLETE = re.compile(r"^\d+ of \d+ steps \(100%\) done$")
+KINDS = {
+    "utility": r"^results/utility/(?P<recipe>[^/]+)/[^/]+/(?P<model>[^/]+)/(?P<defense>[^/]+)/seed"
+}
 
 
 @dataclass
@@ -266,6 +276,31 @@ def report(invocations: list[Invocation]) -> None:
         )
 
 
+def report_kinds(invocations: list[Invocation], pattern: re.Pattern[str]) -> None:
+    """The finished jobs whose output matches ``pattern``, by its named groups (Markdown): each
+    kind's median seconds a job (the job's attempts summed), their range, how many; slowest
+    first."""
+    seconds: defaultdict[str, float] = defaultdict(float)
+    finished = set()
+    for x in (x for inv in invocations for x in inv.attempts):
+        seconds[x.job] += x.seconds
+        if x.outcome == "finished":
+            finished.add(x.job)
+    kinds: defaultdict[tuple[str, ...], list[float]] = defaultdict(list)
+    for job in finished:
+        if m := pattern.search(job):
+            kinds[tuple(m.groupdict().values())].append(seconds[job])
+    names = list(pattern.groupindex)
+    print(f"\n| {' | '.join(names)} | seconds a job (median) | range | n |")
+    print(f"|{'---|' * len(names)}---:|---|---:|")
+    for kind, times in sorted(kinds.items(), key=lambda kv: (-statistics.median(kv[1]), kv[0])):
+        print(
+            f"| {' | '.join(kind)} | {statistics.median(times):.0f} | "
+            f"{min(times):.0f}-{max(times):.0f} | {len(times)} |"
+        )
+    print(f"\n{sum(map(len, kinds.values()))} finished jobs of {len(kinds)} kinds.")
+
+
 def write_csv(invocations: list[Invocation], path: Path) -> None:
     """Every attempt, a row (written whole, then renamed into place)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -291,7 +326,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--pauses", type=Path, help="'START END' a line: the run stopped")
     parser.add_argument("--csv", type=Path, help="write each attempt here")
+    parser.add_argument(
+        "--kinds",
+        metavar="utility|REGEX",
+        help="also the finished jobs by kind: a regular expression with named groups, searched "
+        "in each job's output ('utility': the FL utility runs by recipe, model and defense)",
+    )
     a = parser.parse_args(argv)
+    kinds = None
+    if a.kinds:
+        try:
+            kinds = re.compile(KINDS.get(a.kinds, a.kinds))
+        except re.error as e:
+            raise SystemExit(
+                f"run_log: --kinds {a.kinds!r} is not a regular expression: {e}"
+            ) from None
+        if not kinds.groupindex:
+            raise SystemExit(
+                f"run_log: --kinds {a.kinds!r} has no named group to say the kind; "
+                "write one as (?P<name>...), or give 'utility'"
+            )
     missing = [str(p) for p in [*a.logs, a.heartbeats, a.pauses] if p and not p.is_file()]
     if missing:
         raise SystemExit(f"run_log: no such file: {', '.join(missing)}")
@@ -304,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     settle(invocations, read_times(a.heartbeats), timedelta(seconds=a.heartbeat_lead))
     measure(invocations, read_pauses(a.pauses))
     report(invocations)
+    if kinds:
+        report_kinds(invocations, kinds)
     if a.csv:
         write_csv(invocations, a.csv)
 

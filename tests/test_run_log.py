@@ -5,6 +5,7 @@ first), or at its last time stamp as a lower bound; a failed job counts to its e
 
 import csv
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -142,3 +143,29 @@ def test_a_bad_pause_or_a_missing_log_names_the_problem(run):
     (tmp_path / "empty.log").write_text("Building DAG of jobs...\nNothing to be done.\n")
     with pytest.raises(SystemExit, match="no job starts in these logs"):
         run_log.main([str(tmp_path / "empty.log")])
+
+
+def test_kinds_sum_a_jobs_attempts_and_group_by_the_named_groups(run, capsys):
+    """A job's kind is its output's named groups; its seconds are all its attempts; a failed or
+    unfinished job is left out; an expression without a named group is refused."""
+    tmp_path, logs = run
+    args = [*map(str, logs), "--heartbeats", str(tmp_path / "beats")]
+    args += ["--pauses", str(tmp_path / "pauses")]
+    run_log.main([*args, "--kinds", r"results/(?P<name>\w)"])
+    out = capsys.readouterr().out
+    assert "| name | seconds a job (median) | range | n |" in out
+    assert "| a | 3590 | 3590-3590 | 1 |" in out  # 2390 s stopped + 1200 s finished
+    assert "| c | 10 | 10-10 | 1 |" in out
+    assert "| b |" not in out  # failed
+    assert "2 finished jobs of 2 kinds." in out
+    with pytest.raises(SystemExit, match="no named group"):
+        run_log.main([*args, "--kinds", r"results/\w"])
+    with pytest.raises(SystemExit, match="not a regular expression"):
+        run_log.main([*args, "--kinds", r"(?P<x"])
+
+
+def test_the_utility_kinds_read_recipe_model_and_defense():
+    m = re.compile(run_log.KINDS["utility"]).search(
+        "results/utility/cvb/patches/vit/cvb_resnet18/seed2/final.pt"
+    )
+    assert m and m.groupdict() == {"recipe": "cvb", "model": "vit", "defense": "cvb_resnet18"}
