@@ -289,7 +289,7 @@ def report_kinds(invocations: list[Invocation], pattern: re.Pattern[str]) -> Non
     kinds: defaultdict[tuple[str, ...], list[float]] = defaultdict(list)
     for job in finished:
         if m := pattern.search(job):
-            kinds[tuple(m.groupdict().values())].append(seconds[job])
+            kinds[tuple(v or "" for v in m.groupdict().values())].append(seconds[job])
     names = list(pattern.groupindex)
     print(f"\n| {' | '.join(names)} | seconds a job (median) | range | n |")
     print(f"|{'---|' * len(names)}---:|---|---:|")
