@@ -30,10 +30,12 @@ record of the job's outputs (``.snakemake/metadata``: the time the job started, 
 marked its outputs incomplete, to the time its last output was written); both are what the
 machine did while it ran the job, with whatever else was running. Both describe the last run of
 that output, whatever settings it ran with. A job without a measurement of its own is estimated
-by the median of the measured jobs of the same rule with the same wildcards but victim and round
-(the same work on other data), else of the same rule, method (the attack of an attack or score
-job, the defense of a train or capture job, the generator), dataset, model and batch size. A job
-with neither is *unmeasured*: it adds no seconds, and every cell that leaves it out says so.
+by the median of the measured jobs of the same rule with the same wildcards but victim, round and
+seed (the same work on other data: a utility run's other seeds of its recipe, model and defense),
+else of the same rule, method (the attack of an attack or score job, the defense of a train or
+capture job, the generator), dataset, model, batch size and FL recipe, else (a sweep's variant) of
+its base defense with the same. A job with none is *unmeasured*: it adds no seconds, and every
+cell that leaves it out says so.
 
 Full scale, estimated. Each paper-overlay job's settings are what Snakemake passes it
 (:func:`gradinv.jobs.job_settings`); its cost is its count of iterations times the seconds one
@@ -91,12 +93,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from default_scale import Cost, default_costs  # beside this script, in benchmarks/
+from default_scale import METHOD, SWEPT, Cost, default_costs  # beside this script, in benchmarks/
 from full_scale import job_plan, load_config, plan_seconds
 from iterations import ITERATIONS_FILE, measure_iterations
 from jobs import Dag, Job, dry_run, parse_dry_run, target_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
+SHOWN_METHODS = 8  # --remaining: the methods of a rule's unmeasured jobs named, most jobs first
 
 
 # ---------------------------------------------------------------------------- per target
@@ -264,7 +267,30 @@ def remaining(full: Dag, left: list[Job], costs: dict[int, Cost], cores: int) ->
         f"{fmt_seconds(longest)}. Wall time on {cores} cores: {bound}"
         f"{fmt_seconds(max(total / cores, longest))} at best.",
     ]
+    if unknown:
+        lines += ["", "Unmeasured jobs left, by rule and method (a sweep's variant as its base):"]
+        methods = unmeasured_methods(left, by_output, costs)
+        lines += [f"- {rule}: {counts}" for rule, counts in methods]
     return "\n".join(lines) + "\n"
+
+
+def unmeasured_methods(
+    left: list[Job], by_output: dict[str, Job], costs: dict[int, Cost]
+) -> list[tuple[str, str]]:
+    """For each rule, its jobs left without seconds counted by method (``refiner 75, none 3``)."""
+    counts: dict[str, Counter[str]] = {}
+    for job in left:
+        if job.output and costs[by_output[job.output[0]].jobid].seconds is None:
+            method = job.w.get(METHOD.get(job.rule, ""), "")
+            counts.setdefault(job.rule, Counter())[method.split(SWEPT)[0]] += 1
+    out = []
+    for rule, c in sorted(counts.items(), key=lambda rc: -rc[1].total()):
+        shown = [f"{m} {n}".strip() for m, n in c.most_common(SHOWN_METHODS)]
+        rest = c.most_common()[SHOWN_METHODS:]
+        if rest:
+            shown.append(f"{len(rest)} more {sum(n for _, n in rest)}")
+        out.append((rule, ", ".join(shown)))
+    return out
 
 
 # ---------------------------------------------------------------------------- main

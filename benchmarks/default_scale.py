@@ -20,8 +20,9 @@ from pathlib import Path
 from jobs import Job  # benchmarks/jobs.py, beside this script
 
 # A job's wildcards that only pick other data for the same work (an attack job's victims first to
-# last: the same work when as many, see _shape).
-INSTANCE = ("victim", "first", "last", "round")
+# last: the same work when as many, see _shape; a utility run's seed: the same training on
+# another draw, so an unrun seed takes the median of its recipe, model and defense's other seeds).
+INSTANCE = ("victim", "first", "last", "round", "seed")
 # The wildcard naming a job's method, by rule (for the median of measured jobs).
 METHOD = {
     "attack": "attack",
@@ -35,7 +36,10 @@ METHOD = {
     "client_time": "defense",
     "train_generator": "generator",
 }
-SHAPE_WILDCARDS = ("dataset", "model", "bs", "victims")  # victims: an attack job's count
+# victims: an attack job's count; recipe: a utility run's FL recipe (its rounds, clients and local
+# steps: the same defense under another recipe is other work, 15 times as long under CVB's)
+SHAPE_WILDCARDS = ("dataset", "model", "bs", "victims", "recipe")
+SWEEP_BASE = "its sweep's base defense"  # a group a variant looks up, never one it joins
 SWEPT = "-"  # a sweep's variant is named <defense>-<setting><value> (gradinv.sweeps.sweep_variant)
 RECORD_TOLERANCE = 0.01  # s: a recorded end and the output's modification time agree to this
 
@@ -135,7 +139,7 @@ def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
     if method == "defense" and SWEPT in w.get("defense", ""):
         # a sweep's variant (noise-std0.1): its base defense at another strength
         base = {**dict(similar[1]), "defense": w["defense"].split(SWEPT)[0]}
-        groups.append(("its sweep's base defense", (job.rule, tuple(sorted(base.items())))))
+        groups.append((SWEEP_BASE, (job.rule, tuple(sorted(base.items())))))
     return groups
 
 
@@ -146,8 +150,9 @@ def default_costs(jobs: list[Job], root: Path) -> dict[int, Cost]:
     for job in jobs:
         cost = own.get(job.jobid)
         if cost is not None:
-            for _, key in fallback_groups(job):
-                pools.setdefault(key, []).append(cost.seconds)
+            for what, key in fallback_groups(job):
+                if what != SWEEP_BASE:  # a variant's seconds are not its base's
+                    pools.setdefault(key, []).append(cost.seconds)
     out: dict[int, Cost] = {}
     for job in jobs:
         if not job.output:

@@ -307,15 +307,39 @@ def test_a_cpu_measurement_is_never_labelled_a_gpu_figure():
     assert gpu == "GPU (NVIDIA H100)"
 
 
-def utility_job(jobid, defense, model="cnn3"):
-    run = f"patches/{model}/{defense}"
+def utility_job(jobid, defense, model="cnn3", recipe="common", seed=0):
+    run = f"{recipe}/patches/{model}/{defense}/seed{seed}"
     return jobs.Job(
         jobid=jobid,
         rule="train_utility",
-        output=(f"results/utility/common/{run}/summary.json",),
+        output=(f"results/utility/{run}/summary.json",),
         benchmark=f"results/benchmarks/utility/{run}.tsv",
-        wildcards=(("dataset", "patches"), ("model", model), ("defense", defense)),
+        wildcards=(
+            ("recipe", recipe),
+            ("dataset", "patches"),
+            ("model", model),
+            ("defense", defense),
+            ("seed", str(seed)),
+        ),
     )
+
+
+def test_an_unrun_seed_takes_its_own_recipes_median_never_another_recipes(tmp_path):
+    runs = [
+        utility_job(1, "noise", recipe="cvb", seed=0),
+        utility_job(2, "noise", recipe="cvb", seed=1),
+        utility_job(3, "noise", recipe="common", seed=0),  # the same defense, a shorter recipe
+        utility_job(4, "noise", recipe="cvb", seed=2),  # another seed of a measured kind
+        utility_job(5, "noise-std0.1", recipe="cvb"),  # a sweep's variant: its base, this recipe
+        utility_job(6, "noise", recipe="dcs2", seed=0),  # a recipe never measured: no stand-in
+    ]
+    for job, seconds in zip(runs[:3], (400, 500, 100), strict=True):
+        write_tsv(tmp_path, job.benchmark, seconds)
+    got = default_scale.default_costs(runs, tmp_path)
+    assert got[4].seconds == 450  # cvb's two seeds, not the common recipe's run
+    assert got[4].how == "median of 2 measured train_utility job(s) with the same settings"
+    assert got[5].seconds == 450 and "its sweep's base defense" in got[5].how
+    assert got[6].seconds is None
 
 
 def test_a_sweeps_variant_is_estimated_from_its_base_defense(tmp_path):
@@ -324,12 +348,16 @@ def test_a_sweeps_variant_is_estimated_from_its_base_defense(tmp_path):
         utility_job(2, "soteria-prune0.6"),  # the base at another strength
         utility_job(3, "soteria-prune0.6", model="lenet"),  # another model: no stand-in
         utility_job(4, "noise-std0.1"),  # a base never measured
+        utility_job(5, "soteria-prune0.9"),  # a variant measured: not its base's seconds
+        utility_job(6, "soteria", seed=1),  # the base's other seed
     ]
     write_tsv(tmp_path, runs[0].benchmark, 1500)
+    write_tsv(tmp_path, runs[4].benchmark, 100)
     got = default_scale.default_costs(runs, tmp_path)
-    assert got[2].seconds == 1500 and got[2].kind == "estimated"
+    assert got[2].seconds == 1500 and got[2].kind == "estimated"  # soteria itself, not 0.9
     assert "its sweep's base defense" in got[2].how
     assert got[3].seconds is None and got[4].seconds is None
+    assert got[6].seconds == 1500 and got[6].how.startswith("median of 1 ")
 
 
 def test_what_is_left_counts_the_jobs_still_to_run_with_their_measured_or_estimated_seconds(
@@ -345,4 +373,25 @@ def test_what_is_left_counts_the_jobs_still_to_run_with_their_measured_or_estima
     assert "| train | 1 | 40 s | 0 |" in text
     assert "| report | 1 | unmeasured | 1 |" in text and "| claims | 1 | unmeasured | 1 |" in text
     # two cores cannot finish sooner than the longest job: 40 s, not 40 / 2
-    assert text.rstrip().endswith("Wall time on 2 cores: ≥ 40 s at best.")
+    assert "Wall time on 2 cores: ≥ 40 s at best." in text
+    assert text.rstrip().endswith("- report: 1\n- claims: 1")  # rules without a method
+
+
+def test_what_is_left_names_the_methods_of_its_unmeasured_jobs(tmp_path):
+    runs = [
+        utility_job(1, "soteria"),
+        utility_job(2, "soteria", seed=1),  # estimated from seed 0
+        utility_job(3, "refiner"),
+        utility_job(4, "refiner-epsilon0.1"),  # a variant counts with its base
+        utility_job(5, "none", recipe="censor"),
+    ]
+    write_tsv(tmp_path, runs[0].benchmark, 1500)
+    text = costs.remaining(
+        jobs.Dag(runs), runs[1:], default_scale.default_costs(runs, tmp_path), cores=2
+    )
+    assert "| train_utility | 4 | ≥ 25.0 min | 3 |" in text
+    assert text.rstrip().endswith("- train_utility: refiner 2, none 1")
+    many = [utility_job(10 + i, f"d{i}") for i in range(costs.SHOWN_METHODS + 2)]
+    unmeasured = default_scale.default_costs(many, tmp_path)
+    ((rule, counts),) = costs.unmeasured_methods(many, jobs.Dag(many).producer, unmeasured)
+    assert rule == "train_utility" and counts.endswith(", d7 1, 2 more 2")  # the first eight named, then the rest counted
