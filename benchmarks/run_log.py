@@ -2,7 +2,7 @@
 each job's time over all its attempts.
 
     python benchmarks/run_log.py LOG [LOG ...] [--heartbeats FILE] [--pauses FILE] [--csv OUT]
-                                 [--kinds utility|REGEX]
+                                 [--kinds utility|REGEX [--kinds-from SECONDS]]
 
 A run that stops and resumes (a machine's session ends, a laptop sleeps, a cluster job is
 preempted) is several Snakemake invocations of the same target. Each writes a log
@@ -34,7 +34,8 @@ figures are a lower bound, and the output says so). ``--pauses`` holds one pause
 ``--kinds`` adds a table of the finished jobs by kind: a regular expression searched in each
 job's output, its named groups the kind (``utility``: the FL utility runs,
 ``results/utility/RECIPE/DATA/MODEL/DEFENSE/seedK/``, by recipe, model and defense), each kind's
-median seconds a job (its attempts summed), their range and how many.
+median seconds a job (its attempts summed), their range and how many; ``--kinds-from S`` keeps the
+table to the kinds of S seconds a job or more (the median) and sums up the others in one line.
 """
 
 from __future__ import annotations
@@ -276,10 +277,12 @@ def report(invocations: list[Invocation]) -> None:
         )
 
 
-def report_kinds(invocations: list[Invocation], pattern: re.Pattern[str]) -> None:
+def report_kinds(
+    invocations: list[Invocation], pattern: re.Pattern[str], shortest: float = 0.0
+) -> None:
     """The finished jobs whose output matches ``pattern``, by its named groups (Markdown): each
     kind's median seconds a job (the job's attempts summed), their range, how many; slowest
-    first."""
+    first; the kinds whose median is under ``shortest`` seconds in one line after the table."""
     seconds: defaultdict[str, float] = defaultdict(float)
     finished = set()
     for x in (x for inv in invocations for x in inv.attempts):
@@ -293,12 +296,28 @@ def report_kinds(invocations: list[Invocation], pattern: re.Pattern[str]) -> Non
     names = list(pattern.groupindex)
     print(f"\n| {' | '.join(names)} | seconds a job (median) | range | n |")
     print(f"|{'---|' * len(names)}---:|---|---:|")
+    rest: list[list[float]] = []
     for kind, times in sorted(kinds.items(), key=lambda kv: (-statistics.median(kv[1]), kv[0])):
+        if statistics.median(times) < shortest:
+            rest.append(times)
+            continue
         print(
             f"| {' | '.join(kind)} | {statistics.median(times):.0f} | "
             f"{min(times):.0f}-{max(times):.0f} | {len(times)} |"
         )
     print(f"\n{sum(map(len, kinds.values()))} finished jobs of {len(kinds)} kinds.")
+    if rest:
+        medians, every = [statistics.median(t) for t in rest], [x for t in rest for x in t]
+        print(
+            f"Not in the table, under {shortest:g} s a job: {plural(len(rest), 'kind')}, "
+            f"{plural(len(every), 'job')}, "
+            f"medians {min(medians):.0f}-{max(medians):.0f} s, jobs {min(every):.0f}-"
+            f"{max(every):.0f} s."
+        )
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def write_csv(invocations: list[Invocation], path: Path) -> None:
@@ -332,7 +351,17 @@ def main(argv: list[str] | None = None) -> None:
         help="also the finished jobs by kind: a regular expression with named groups, searched "
         "in each job's output ('utility': the FL utility runs by recipe, model and defense)",
     )
+    parser.add_argument(
+        "--kinds-from",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --kinds: a row for each kind whose median is at least this; the others summed "
+        "up in one line (default 0: every kind)",
+    )
     a = parser.parse_args(argv)
+    if a.kinds_from and not a.kinds:
+        raise SystemExit("run_log: --kinds-from needs --kinds (utility, or a regular expression)")
     kinds = None
     if a.kinds:
         try:
@@ -359,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     measure(invocations, read_pauses(a.pauses))
     report(invocations)
     if kinds:
-        report_kinds(invocations, kinds)
+        report_kinds(invocations, kinds, a.kinds_from)
     if a.csv:
         write_csv(invocations, a.csv)
 

@@ -158,6 +158,13 @@ def test_kinds_sum_a_jobs_attempts_and_group_by_the_named_groups(run, capsys):
     assert "| c | 10 | 10-10 | 1 |" in out
     assert "| b |" not in out  # failed
     assert "2 finished jobs of 2 kinds." in out
+    assert "Not in the table" not in out
+    run_log.main([*args, "--kinds", r"results/(?P<name>\w)", "--kinds-from", "11"])
+    out = capsys.readouterr().out
+    assert "| a | 3590 |" in out and "| c |" not in out
+    assert "under 11 s a job: 1 kind, 1 job, medians 10-10 s, jobs 10-10 s." in out
+    with pytest.raises(SystemExit, match="--kinds-from needs --kinds"):
+        run_log.main([*args, "--kinds-from", "11"])
     with pytest.raises(SystemExit, match="no named group"):
         run_log.main([*args, "--kinds", r"results/\w"])
     with pytest.raises(SystemExit, match="not a regular expression"):
