@@ -394,4 +394,5 @@ def test_what_is_left_names_the_methods_of_its_unmeasured_jobs(tmp_path):
     many = [utility_job(10 + i, f"d{i}") for i in range(costs.SHOWN_METHODS + 2)]
     unmeasured = default_scale.default_costs(many, tmp_path)
     ((rule, counts),) = costs.unmeasured_methods(many, jobs.Dag(many).producer, unmeasured)
-    assert rule == "train_utility" and counts.endswith(", d7 1, 2 more 2")  # the first eight named, then the rest counted
+    # the first eight named, then the rest counted
+    assert rule == "train_utility" and counts.endswith(", d7 1, 2 more 2")
