@@ -93,7 +93,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from default_scale import METHOD, SWEPT, Cost, default_costs  # beside this script, in benchmarks/
+# beside this script, in benchmarks/
+from default_scale import METHOD, Cost, default_costs, sweep_base
 from full_scale import job_plan, load_config, plan_seconds
 from iterations import ITERATIONS_FILE, measure_iterations
 from jobs import Dag, Job, dry_run, parse_dry_run, target_jobs
@@ -282,7 +283,7 @@ def unmeasured_methods(
     for job in left:
         if job.output and costs[by_output[job.output[0]].jobid].seconds is None:
             method = job.w.get(METHOD.get(job.rule, ""), "")
-            counts.setdefault(job.rule, Counter())[method.split(SWEPT)[0]] += 1
+            counts.setdefault(job.rule, Counter())[sweep_base(method)] += 1
     out = []
     for rule, c in sorted(counts.items(), key=lambda rc: -rc[1].total()):
         shown = [f"{m} {n}".strip() for m, n in c.most_common(SHOWN_METHODS)]

@@ -127,6 +127,11 @@ def _shape(w: dict[str, str]) -> dict[str, str]:
     return {**w, "victims": str(int(w["last"]) - int(w["first"]) + 1)}
 
 
+def sweep_base(method: str) -> str:
+    """A sweep's variant's base defense (``noise-std0.1``: ``noise``); any other name as it is."""
+    return method.split(SWEPT)[0]
+
+
 def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
     """The groups whose measured median stands in for an unmeasured job, closest first."""
     w = _shape(job.w)
@@ -139,7 +144,7 @@ def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
         groups.append((f"the same {method}", similar))
     if method == "defense" and SWEPT in w.get("defense", ""):
         # a sweep's variant (noise-std0.1): its base defense at another strength
-        base = {**dict(similar[1]), "defense": w["defense"].split(SWEPT)[0]}
+        base = {**dict(similar[1]), "defense": sweep_base(w["defense"])}
         groups.append((SWEEP_BASE, (job.rule, tuple(sorted(base.items())))))
     return groups
 
