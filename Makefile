@@ -60,7 +60,8 @@ test-fast: env
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow"
 
 lint: env
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/snakemake --lint
 
 dryrun: env
