@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from localhttp import Server
+from services import remove_stale_slurm_configs
 
 torch.set_num_threads(1)
 
@@ -45,3 +46,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow"):
             slow[item.path] = slow.get(item.path, 0) + 1
     items.sort(key=lambda item: -slow.get(item.path, 0))  # stable: a file's own order stays
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test, in the controller process: the SLURM configuration a killed test run
+    left behind is removed (services.remove_stale_slurm_configs says why it matters)."""
+    if not hasattr(config, "workerinput"):
+        remove_stale_slurm_configs()

@@ -71,3 +71,41 @@ def mlflow_server(
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+SLURM_CONFIGS = tuple(Path("/etc/slurm") / f for f in ("slurm.conf", "gres.conf", "slurmdbd.conf"))
+SLURM_MARKER = "# written by start-slurm.sh"
+
+
+def running(name: str) -> bool:
+    """Whether a process whose command name is ``name`` runs on this machine."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == name:
+                return True
+        except OSError:  # it ended while we looked
+            pass
+    return False
+
+
+def remove_stale_slurm_configs(configs: tuple[Path, ...] = SLURM_CONFIGS) -> list[Path]:
+    """Remove the SLURM configuration that tests/slurm/start-slurm.sh wrote (its first line
+    says so) when no controller runs: what a test run killed mid-way (a CI stopped with its
+    machine) leaves behind. Snakemake imports snakemake-executor-plugin-slurm at every start,
+    which asks ``scontrol`` for MinJobAge; with a slurm.conf naming a controller that is down,
+    that waits about 9 s, in every Snakemake run of the suite: a CI run that found one took 44
+    minutes, not 35. Another configuration, or one whose controller runs, is left alone.
+    Returns what it removed."""
+    if running("slurmctld"):
+        return []
+    removed = []
+    for conf in configs:
+        try:
+            with conf.open() as f:
+                ours = f.readline().startswith(SLURM_MARKER)
+            if ours:
+                conf.unlink()
+                removed.append(conf)
+        except OSError:  # absent, or not ours to read or remove (not root)
+            pass
+    return removed

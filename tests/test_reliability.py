@@ -597,3 +597,38 @@ def test_onerror_reads_every_log_file_snakemake_passes(tmp_path, capsys):
     assert "train (SLURM job 41, state TIMEOUT)" in capsys.readouterr().err
     cluster.report_slurm_failures([], PARAMS, lambda ids: states)  # a run without a log file
     assert capsys.readouterr().err == ""
+
+
+def test_a_killed_runs_slurm_configuration_is_removed_before_the_next(tmp_path, monkeypatch):
+    """start-slurm.sh's configuration with no controller (a test run killed mid-way) would make
+    every Snakemake start wait ~9 s on `scontrol`; conftest removes it before any test. Another
+    configuration stays, and so does start-slurm.sh's while a controller runs."""
+    import shutil
+
+    import services
+
+    ours = tmp_path / "slurm.conf"
+    ours.write_text(f"{services.SLURM_MARKER}: single-node cluster\nClusterName=ci\n")
+    gres = tmp_path / "gres.conf"
+    gres.write_text(f"{services.SLURM_MARKER}: fake GPUs\nAutoDetect=off\n")
+    theirs = tmp_path / "slurmdbd.conf"
+    theirs.write_text("# the site's own\nDbdHost=db\n")
+    configs = (ours, gres, theirs, tmp_path / "absent.conf")
+
+    # a controller runs (a process of that name): nothing is touched
+    controller = tmp_path / "slurmctld"
+    shutil.copy(shutil.which("sleep"), controller)
+    proc = subprocess.Popen([str(controller), "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not services.running("slurmctld") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert services.remove_stale_slurm_configs(configs) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    assert ours.exists() and gres.exists()
+
+    monkeypatch.setattr(services, "running", lambda name: False)  # whatever else runs here
+    assert services.remove_stale_slurm_configs(configs) == [ours, gres]
+    assert not ours.exists() and not gres.exists() and theirs.exists()

@@ -197,12 +197,14 @@ NodeName=$HOST CPUs=$CPUS RealMemory=$MEM$gres_node State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   {
+    echo "# written by start-slurm.sh: fake GPUs (links to /dev/null)"
     echo "AutoDetect=off"
     [ "$FAKE_GPUS" -gt 0 ] && echo "NodeName=$HOST Name=gpu File=$GPUDIR/nvidia[0-$((FAKE_GPUS - 1))]"
     true
   } | write_if_changed /etc/slurm/gres.conf 0644 root:root && changed=1
   if [ "$ACCOUNTING" = 1 ]; then
     write_if_changed /etc/slurm/slurmdbd.conf 0600 slurm:slurm <<EOF && changed=1
+# written by start-slurm.sh: accounting on the local MariaDB
 AuthType=auth/munge
 DbdHost=localhost
 DbdPort=6819
