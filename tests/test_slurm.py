@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 
 from gradinv.pipeline import finished_outputs
+from services import SLURM_CONFIGS
 from test_workflow import run_folder, workflow_copy
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "slurm" / "start-slurm.sh"
-CONFIG_FILES = [Path("/etc/slurm") / f for f in ("slurm.conf", "gres.conf", "slurmdbd.conf")]
 PIDS = [
     Path(p)
     for p in (
@@ -66,7 +66,7 @@ def cluster(tmp_path_factory) -> dict[str, float]:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("a real SLURM needs root and apt-get (as in CI)")
     before = {p: _alive(p) for p in PIDS}
-    configured = {conf: conf.exists() for conf in CONFIG_FILES}
+    configured = {conf: conf.exists() for conf in SLURM_CONFIGS}
     start = time.monotonic()
     subprocess.run(
         ["bash", str(SCRIPT), "start"],
