@@ -457,17 +457,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _explained(err: Exception, verb: str) -> int | None:
     """Print what a user can act on and return its exit code; None for any other failure.
-    The error types are imported here, once there is an error: the data and generator modules
-    they live in load torch."""
-    from gradinv.data.base import DownloadError
-    from gradinv.generators import WeightsError
-    from gradinv.io import CorruptFileError
-    from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
+    The error types are imported here, once there is an error, and a configuration error's
+    before the others: the data and generator modules they live in load torch (2 s), which
+    `gradinv validate` does not otherwise need."""
     from gradinv.settings import ConfigError
 
     if isinstance(err, ConfigError):
         print(f"gradinv {verb}: configuration error: {err}", file=sys.stderr)
         return 2
+    from gradinv.data.base import DownloadError
+    from gradinv.generators import WeightsError
+    from gradinv.io import CorruptFileError
+    from gradinv.resources import RESOURCE_EXIT_CODE, explain_failure
+
     if isinstance(err, CorruptFileError | DownloadError | FileNotFoundError | WeightsError):
         print(f"gradinv {verb}: bad input: {err}", file=sys.stderr)
         return 3
