@@ -7,6 +7,8 @@ import pytest
 from scipy import stats
 
 from gradinv.stats import (
+    EXACT_MAX,
+    RESAMPLES,
     Interval,
     bootstrap_mean,
     mean_over_seeds,
@@ -58,6 +60,16 @@ def test_many_victims_use_seeded_random_sign_patterns():
     iv = paired_victims(left, right, "big")
     assert "random" in iv.method and iv.low < iv.estimate < iv.high
     assert paired_victims(left, right, "big") == iv
+
+
+def test_a_random_pattern_pvalue_counts_the_observed_pattern():
+    """Beyond EXACT_MAX victims the patterns are a random subset: p is (extreme + 1) / (R + 1),
+    never 0, so that the test keeps its level."""
+    d = np.full(40, 2.0) + np.random.default_rng(5).normal(0.0, 0.1, 40)  # all far above 0
+    assert sign_flip_pvalue(d, 0.0) == 1 / (RESAMPLES + 1)
+    assert sign_flip_pvalue(d, float(d.mean())) == 1.0  # at the mean, every pattern is as far
+    small = d[:EXACT_MAX]  # enumerated: the two all-same-sign patterns of 2^16 are as far
+    assert sign_flip_pvalue(small, 0.0) == 2 / 2**EXACT_MAX
 
 
 def test_the_seed_interval_is_the_paired_t_interval():

@@ -16,7 +16,7 @@ Three intervals, each where it fits:
   normality, and it is honest for few victims: with n ≤ 5 no sign pattern is rare enough
   (2/2^5 > 0.05), so the interval is the whole line and nothing is decided. Beyond
   :data:`EXACT_MAX` victims a seeded random subset of :data:`RESAMPLES` patterns stands in for
-  all of them.
+  all of them, the observed pattern counted among them (a p-value is never 0).
 - **A paired difference over seeds** (training runs of two defenses with the same seeds): the
   paired t-interval. Three to five seeds are too few for a permutation interval (no pattern of
   3 signs has probability below 0.05), and a run's accuracy, an average over many evaluations,
@@ -121,7 +121,13 @@ def sign_flip_pvalue(differences: Sequence[float], delta: float = 0.0, seed: int
     signs = _signs(len(d), seed)
     null = np.abs(signs @ d) / len(d)
     observed = abs(d.mean())
-    return float(np.mean(null >= observed * (1 - 1e-12) - 1e-15))
+    extreme = int(np.count_nonzero(null >= observed * (1 - 1e-12) - 1e-15))
+    if len(d) <= EXACT_MAX:
+        return extreme / len(null)
+    # A random subset of the patterns: the observed one is counted among them, so that the
+    # p-value is never 0 and the test keeps its level (Phipson and Smyth, "Permutation
+    # p-values should never be zero", 2010; scipy's permutation_test counts it so too).
+    return (extreme + 1) / (len(null) + 1)
 
 
 def paired_victims(left: Sequence[float], right: Sequence[float], *key: object) -> Interval:
