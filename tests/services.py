@@ -94,7 +94,8 @@ def remove_stale_slurm_configs(configs: tuple[Path, ...] = SLURM_CONFIGS) -> lis
     machine) leaves behind. Snakemake imports snakemake-executor-plugin-slurm at every start,
     which asks ``scontrol`` for MinJobAge; with a slurm.conf naming a controller that is down,
     that waits about 9 s, in every Snakemake run of the suite: a CI run that found one took 44
-    minutes, not 35. Another configuration, or one whose controller runs, is left alone.
+    minutes, one without 26 (docs/tests.md). Another configuration, or one whose controller
+    runs, is left alone.
     Returns what it removed."""
     if running("slurmctld"):
         return []
