@@ -3,6 +3,7 @@ with MkDocs in strict mode (no broken link, every page in the navigation)."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -52,4 +53,12 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (tmp_path / "index.html").exists() and (tmp_path / "censor" / "index.html").exists()
+    assert (tmp_path / "censor" / "index.html").exists()
+    # The home page is the README itself (docs/index.md includes it): every section of the README
+    # is on it, and its links into docs/ point at the site's pages, not at docs/ paths.
+    home = (tmp_path / "index.html").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for heading in re.findall(r"^## (.+)$", readme, re.MULTILINE):
+        assert html.escape(heading, quote=False) in home, heading
+    assert 'href="costs/"' in home and 'src="images/table1.png"' in home
+    assert not re.search(r'(href|src)="(\.\./)*docs/', home)
