@@ -12,7 +12,7 @@ import yaml
 from gradinv.config import load, validate
 from gradinv.jobs import job_settings, recipe_partition_file
 from gradinv.settings import ConfigError
-from gradinv.table_inputs import table_utility_runs
+from gradinv.table_inputs import ACROSS, CENSOR, PAPERS, report_category, table_utility_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -565,3 +565,13 @@ def test_accuracy_comes_from_at_least_three_paired_seeds(overlays):
     config = validate(load(ROOT / "params.yaml", overlays))
     seeds = config["utility"]["seeds"]
     assert len(set(seeds)) == len(seeds) >= 3
+
+
+def test_every_table_is_filed_under_its_paper_in_the_report_and_a_new_one_across_papers():
+    config = load(ROOT / "params.yaml", (ROOT / "workflow/configs/paper.yaml",))
+    papers = {name: report_category(name) for name in config["tables"]}
+    assert papers["table1"] == papers["fig9_trials"] == papers["censor_variants"] == CENSOR
+    assert papers["refiner_fig6"] == PAPERS["refiner_"] and papers["dcs2_table1"] == PAPERS["dcs2_"]
+    assert papers["frontier_runs"] == ACROSS
+    # A researcher's own table is no paper's: it must not land among CENSOR's.
+    assert report_category("my_defense_vs_ig") == ACROSS

@@ -237,6 +237,12 @@ def _describe(error: Any) -> str:  # a jsonschema.ValidationError
             return f"{where}: {error.instance!r} was renamed; use {new!r}."
         close = difflib.get_close_matches(str(error.instance), map(str, error.validator_value))
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        if error.absolute_path and error.absolute_path[-1] == "kind" and not close:
+            # the kinds are the stored copy's (gradinv.methods), not the registries'
+            hint = (
+                " A method added since workflow/schemas/methods.json was written? Register it "
+                "and run `gradinv schema --write`."
+            )
         return (
             f"{where}: {error.instance!r} is not one of "
             f"{', '.join(map(str, error.validator_value))}.{hint}"
