@@ -9,7 +9,7 @@ over ``--repeats`` runs, of a process that imports the rule's stage module and e
 thread, as a job runs) and counts each rule's jobs in ``snakemake -n --forceall all`` at each of
 two commits (each checked out in a temporary git worktree and read with its own ``src`` first on
 ``PYTHONPATH``; the start-up with that commit's code too), both measured in this one run on this
-machine. The start-up job-seconds of a commit are the sum over its jobs of their rule's
+machine, the two commits' processes alternating so that the machine's drift falls on both. The start-up job-seconds of a commit are the sum over its jobs of their rule's
 start-up; its share counts only the jobs with a ``benchmark:`` file, those a measured run's
 job-seconds sum over (a rule without one, such as ``select_victim``, counts in neither).
 
@@ -24,6 +24,7 @@ attempt only and count the pauses).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,23 +87,28 @@ OPTIMIZER_RULES = {
 }
 
 
-def startup_seconds(module: str, repeats: int, src: Path, optimizer: bool = False) -> float:
-    """The median wall seconds of a one-thread process that imports ``module`` (and, with
-    ``optimizer``, what a job's first torch.optim optimizer imports) and exits: a lower bound of
-    what a job spends before its work (Snakemake's own handling of the job is not counted)."""
+def startup_seconds(
+    module: str, repeats: int, srcs: dict[str, Path], optimizer: bool = False
+) -> dict[str, float]:
+    """For each side's ``src``, the median wall seconds of a one-thread process that imports
+    ``module`` (and, with ``optimizer``, what a job's first torch.optim optimizer imports) and
+    exits: a lower bound of what a job spends before its work (Snakemake's own handling of the
+    job is not counted). The sides alternate process by process, their order swapped every
+    repeat, so that the machine's drift (its caches, another load) falls on both alike."""
     if optimizer:
         module += ", torch._dynamo"
-    env = os.environ | {
-        "PYTHONPATH": str(src),
-        "OMP_NUM_THREADS": "1",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-    }
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {side: [] for side in srcs}
+    for i in range(repeats):
+        for side in list(srcs)[:: 1 if i % 2 == 0 else -1]:
+            env = os.environ | {
+                "PYTHONPATH": str(srcs[side]),
+                "OMP_NUM_THREADS": "1",
+                "MLFLOW_DISABLE_TELEMETRY": "true",
+            }
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
+            times[side].append(time.perf_counter() - start)
+    return {side: statistics.median(ts) for side, ts in times.items()}
 
 
 @dataclass
@@ -117,41 +124,59 @@ class Side:
         return sum(self.startup.get(r, 0.0) * n for r, n in counts.items())
 
 
-def measure(rev: str, repeats: int) -> Side:
-    """``rev``'s jobs in ``snakemake -n --forceall all`` and its rules' start-up, each read
-    with ``rev``'s own code (a git worktree, its ``src`` first on ``PYTHONPATH``)."""
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """``rev`` checked out in a temporary git worktree."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(
             ["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT, check=True
         )
         try:
-            env_src = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = str(tree / "src")
-            try:
-                dag = Dag(parse_dry_run(dry_run(cwd=tree)))
-            finally:
-                if env_src is None:
-                    os.environ.pop("PYTHONPATH", None)
-                else:
-                    os.environ["PYTHONPATH"] = env_src
-            rules = {job.rule for job in dag.jobs}
-            startup = {
-                r: startup_seconds(STAGES[r], repeats, tree / "src", r in OPTIMIZER_RULES)
-                for r in sorted(rules)
-                if r in STAGES
-            }
+            yield tree
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True
             )
+
+
+def job_counts(tree: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """The jobs of ``snakemake -n --forceall all`` in ``tree``, read with its own code (its
+    ``src`` first on ``PYTHONPATH``), by rule: all of them, and those with a benchmark file."""
+    env_src = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree / "src")
+    try:
+        dag = Dag(parse_dry_run(dry_run(cwd=tree)))
+    finally:
+        if env_src is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = env_src
     jobs: dict[str, int] = {}
     benchmarked: dict[str, int] = {}
     for job in dag.jobs:
         jobs[job.rule] = jobs.get(job.rule, 0) + 1
         if job.benchmark:
             benchmarked[job.rule] = benchmarked.get(job.rule, 0) + 1
-    return Side(jobs, benchmarked, startup)
+    return jobs, benchmarked
+
+
+def measure(revs: dict[str, str], repeats: int) -> dict[str, Side]:
+    """Each side's jobs and its rules' start-up under its own code, the sides' processes
+    alternating (:func:`startup_seconds`)."""
+    with contextlib.ExitStack() as stack:
+        trees = {side: stack.enter_context(worktree(rev)) for side, rev in revs.items()}
+        counts = {side: job_counts(tree) for side, tree in trees.items()}
+        startup: dict[str, dict[str, float]] = {side: {} for side in revs}
+        for rule in sorted({r for jobs, _ in counts.values() for r in jobs}):
+            srcs = {side: trees[side] / "src" for side in revs if rule in counts[side][0]}
+            if rule not in STAGES or not srcs:
+                continue
+            for side, seconds in startup_seconds(
+                STAGES[rule], repeats, srcs, rule in OPTIMIZER_RULES
+            ).items():
+                startup[side][rule] = seconds
+    return {side: Side(*counts[side], startup[side]) for side in revs}
 
 
 def benchmark_seconds(folder: Path) -> float:
@@ -174,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--job-seconds-{side}", type=float)
         parser.add_argument(f"--benchmarks-{side}", type=Path)
     a = parser.parse_args(argv)
-    sides = {side: measure(getattr(a, side), a.repeats) for side in ("before", "after")}
+    sides = measure({side: getattr(a, side) for side in ("before", "after")}, a.repeats)
     before, after = sides["before"], sides["after"]
     rules = sorted(set(before.jobs) | set(after.jobs))
 

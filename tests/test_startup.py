@@ -3,6 +3,7 @@ the default scale most jobs work for seconds, so what else a job imports is paid
 times over (``benchmarks/startup.py`` measures the share). The libraries below cost a job 1 to 5
 seconds each on a 2-core machine and belong to the reports and to MLflow, not to the jobs."""
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,25 @@ def test_the_jobs_of_a_cell_import_nothing_of_the_reports_or_mlflow(tmp_path):
     ]
     assert [line for line in lines if line[1:]] == []  # each job, and what it loaded
     assert list(tmp_path.glob("mlflow.db.pending/*")), "the training and scoring runs are pending"
+
+
+def test_the_start_up_benchmark_alternates_the_two_commits_processes(tmp_path):
+    """benchmarks/startup.py times each commit's processes in alternation, the order swapped
+    every repeat: measured one commit after the other, a drift of the machine (its caches,
+    another load) would pass for a difference between the commits."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    try:
+        startup = importlib.import_module("startup")
+    finally:
+        sys.path.remove(str(TESTS.parent / "benchmarks"))
+    log = tmp_path / "order.txt"
+    srcs = {}
+    for side in ("before", "after"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "probe.py").write_text(
+            f"with open({str(log)!r}, 'a') as f:\n    f.write({side[0]!r})\n"
+        )
+        srcs[side] = tmp_path / side
+    seconds = startup.startup_seconds("probe", 4, srcs)
+    assert log.read_text() == "baab" * 2
+    assert set(seconds) == {"before", "after"} and all(s > 0 for s in seconds.values())
