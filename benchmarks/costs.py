@@ -2,13 +2,18 @@
 
     python benchmarks/costs.py [--paper-config workflow/configs/paper.yaml] [--configfile F ...]
         [--measure-iterations [--iterations N] [--repeats R] [--slow S] [--threads T]]
-    python benchmarks/costs.py --remaining [--cores N] [--project DIR] [--configfile F ...]
+    python benchmarks/costs.py --remaining [--cores N] [--project DIR] [--pauses FILE]
+        [--configfile F ...]
 
 ``--remaining`` answers "how long until ``all`` finishes here?" for a run under way or stopped:
 the jobs a plain dry run still lists, each with its seconds as below (measured where an earlier
 run of the same output left a measurement, else the median of the finished jobs of its kind),
 and the wall time on ``--cores`` cores at best: the larger of the job-seconds over the cores and
 the longest job left. A job that saved progress (``results/.progress``) counts in full.
+``--pauses`` (``START END`` a line, as ``benchmarks/run_log.py`` reads it) takes out what the run
+spent paused as a whole: a ``benchmark:`` file counts a pause in every job it held (a run paused
+an hour for the test suite measures an hour longer), so with ``--pauses`` a finished job's
+seconds are its Snakemake record's start to end less the pauses in it.
 ``--project`` reads another checkout (the one a long run works in) with its own Snakefile; put
 that checkout's ``src`` first on ``PYTHONPATH`` (as the run itself must), else its Snakefile is read
 with this checkout's ``gradinv`` and a job whose settings differ between the two shows as left.
@@ -98,6 +103,7 @@ from default_scale import METHOD, Cost, default_costs, sweep_base
 from full_scale import job_plan, load_config, plan_seconds
 from iterations import ITERATIONS_FILE, measure_iterations
 from jobs import Dag, Job, dry_run, parse_dry_run, target_jobs
+from run_log import read_pauses
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN_METHODS = 8  # --remaining: the methods of a rule's unmeasured jobs named, most jobs first
@@ -309,6 +315,9 @@ def main() -> int:
     p.add_argument("--remaining", action="store_true", help="what is left of `all` here")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="with --remaining")
     p.add_argument("--project", type=Path, default=ROOT, help="with --remaining: its checkout")
+    p.add_argument(
+        "--pauses", type=Path, help="with --remaining: the run's pauses, START END a line"
+    )
     a = p.parse_args()
     os.chdir(ROOT)
     if a.remaining:
@@ -317,7 +326,8 @@ def main() -> int:
         text = dry_run(a.configfile, cwd=project, forceall=False)
         left = [] if "Nothing to be done" in text else parse_dry_run(text)
         run = project / load_config(a.configfile)["run_dir"]  # where those jobs wrote
-        print(remaining(full, left, default_costs(full.jobs, run), a.cores))
+        pauses = [(s.timestamp(), e.timestamp()) for s, e in read_pauses(a.pauses)]
+        print(remaining(full, left, default_costs(full.jobs, run, pauses), a.cores))
         return 0
 
     default = Dag(parse_dry_run(dry_run(a.configfile)))

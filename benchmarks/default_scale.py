@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +81,14 @@ def record_path(metadata: Path, output: str) -> Path:
 
 
 def record_seconds(job: Job, root: Path) -> float | None:
-    """Start to end of the job's last completed run, from Snakemake's records of its outputs.
+    """Start to end of the job's last completed run, from Snakemake's records of its outputs."""
+    span = record_span(job, root)
+    return None if span is None else span[1] - span[0]
+
+
+def record_span(job: Job, root: Path) -> tuple[float, float] | None:
+    """When the job's last completed run started and ended (epoch seconds), from Snakemake's
+    records of its outputs.
 
     A record counts only where the output exists with the modification time recorded as the
     job's end: a run that was killed can leave a record whose end is merely the time Snakemake
@@ -106,10 +114,25 @@ def record_seconds(job: Job, root: Path) -> float | None:
         ends.append(end)
     if not starts or max(ends) < min(starts):
         return None
-    return max(ends) - min(starts)
+    return min(starts), max(ends)
 
 
-def own_measurement(job: Job, root: Path) -> Cost | None:
+def paused_seconds(start: float, end: float, pauses: Sequence[tuple[float, float]]) -> float:
+    """How much of [start, end] lies in one of ``pauses`` (epoch seconds)."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
+
+
+def own_measurement(
+    job: Job, root: Path, pauses: Sequence[tuple[float, float]] = ()
+) -> Cost | None:
+    """The job's own seconds. With ``pauses`` (a run paused as a whole, ``kill -STOP``, which
+    its ``benchmark:`` files count in every job it held): its record's start to end less the
+    pauses in it, where Snakemake has a record."""
+    if pauses:
+        span = record_span(job, root)
+        if span is not None:
+            seconds = span[1] - span[0] - paused_seconds(*span, pauses)
+            return Cost(seconds, "measured", "Snakemake's record of the run, less its pauses")
     if job.benchmark:
         seconds = benchmark_seconds(root / job.benchmark)
         if seconds is not None:
@@ -149,9 +172,12 @@ def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
     return groups
 
 
-def default_costs(jobs: list[Job], root: Path) -> dict[int, Cost]:
-    """Each job's seconds: its own measurement, a median of similar measured jobs, or None."""
-    own = {j.jobid: own_measurement(j, root) for j in jobs if j.output}
+def default_costs(
+    jobs: list[Job], root: Path, pauses: Sequence[tuple[float, float]] = ()
+) -> dict[int, Cost]:
+    """Each job's seconds: its own measurement (less ``pauses``: :func:`own_measurement`), a
+    median of similar measured jobs, or None."""
+    own = {j.jobid: own_measurement(j, root, pauses) for j in jobs if j.output}
     pools: dict[tuple, list[float]] = {}
     for job in jobs:
         cost = own.get(job.jobid)

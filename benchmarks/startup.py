@@ -3,15 +3,16 @@
     python benchmarks/startup.py --before REV [--after REV] [--repeats 7]
         [--job-seconds-before S --job-seconds-after S | --benchmarks-before DIR ...]
 
-Every job of the pipeline is a process that starts Python and imports torch and the stage it
-runs before it does any work. This script measures that start-up per rule (the median wall time,
-over ``--repeats`` runs, of a process that imports the rule's stage module and exits, with one
-thread, as a job runs) and counts each rule's jobs in ``snakemake -n --forceall all`` at each of
-two commits (each checked out in a temporary git worktree and read with its own ``src`` first on
+Every job of the pipeline is a process that starts Python and imports torch and the stage it runs
+before it does any work. This script measures that start-up per rule (the median wall time, over
+``--repeats`` runs, of a process that imports the rule's stage module and exits, with one thread,
+as a job runs) and counts each rule's jobs in ``snakemake -n --forceall all`` at each of two
+commits (each checked out in a temporary git worktree and read with its own ``src`` first on
 ``PYTHONPATH``; the start-up with that commit's code too), both measured in this one run on this
-machine, the two commits' processes alternating so that the machine's drift falls on both. The start-up job-seconds of a commit are the sum over its jobs of their rule's
-start-up; its share counts only the jobs with a ``benchmark:`` file, those a measured run's
-job-seconds sum over (a rule without one, such as ``select_victim``, counts in neither).
+machine, the two commits' processes alternating so that the machine's drift falls on both. The
+start-up job-seconds of a commit are the sum over its jobs of their rule's start-up; its share
+counts only the jobs with a ``benchmark:`` file, those a measured run's job-seconds sum over (a
+rule without one, such as ``select_victim``, counts in neither).
 
 The share needs the job-time of ``all`` at that commit: ``--job-seconds-*`` (the sum of a
 measured run's job seconds) or ``--benchmarks-*`` (a measured run's ``results/benchmarks``

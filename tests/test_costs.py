@@ -396,3 +396,30 @@ def test_what_is_left_names_the_methods_of_its_unmeasured_jobs(tmp_path):
     ((rule, counts),) = costs.unmeasured_methods(many, jobs.Dag(many).producer, unmeasured)
     # the first eight named, then the rest counted
     assert rule == "train_utility" and counts.endswith(", d7 1, 2 more 2")
+
+
+def test_a_pause_of_the_whole_run_is_not_counted_as_a_jobs_time(tmp_path):
+    """A benchmark file counts a `kill -STOP` of the run in every job it held; with the run's
+    pauses, a job's seconds are its record's start to end less the pauses in it."""
+    job = jobs.Job(
+        jobid=1, rule="train_utility", output=("results/u.json",), benchmark="results/b/u.tsv"
+    )
+    out = tmp_path / job.output[0]
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"x")
+    os.utime(out, (5000.0, 5000.0))
+    bench = tmp_path / job.benchmark
+    bench.parent.mkdir(parents=True)
+    bench.write_text("s\th:m:s\n4000.0\t1:06:40\n")  # 1000 s of work, 3000 s held paused
+    metadata = tmp_path / ".snakemake" / "metadata"
+    metadata.mkdir(parents=True)
+    name = base64.urlsafe_b64encode(job.output[0].encode()).decode()
+    record = {"rule": "train_utility", "incomplete": False, "starttime": 1000.0, "endtime": 5000.0}
+    (metadata / name).write_text(json.dumps(record))
+    assert default_scale.own_measurement(job, tmp_path).seconds == pytest.approx(4000.0)
+    pauses = [(500.0, 1500.0), (2000.0, 3000.0), (4500.0, 9000.0), (6000.0, 7000.0)]
+    cost = default_scale.own_measurement(job, tmp_path, pauses)
+    assert cost.seconds == pytest.approx(4000.0 - 500 - 1000 - 500)
+    assert "less its pauses" in cost.how
+    costs_of = default_scale.default_costs([job], tmp_path, pauses)
+    assert costs_of[1].seconds == pytest.approx(2000.0)
