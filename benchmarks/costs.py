@@ -326,7 +326,7 @@ def main() -> int:
         text = dry_run(a.configfile, cwd=project, forceall=False)
         left = [] if "Nothing to be done" in text else parse_dry_run(text)
         run = project / load_config(a.configfile)["run_dir"]  # where those jobs wrote
-        pauses = [(s.timestamp(), e.timestamp()) for s, e in read_pauses(a.pauses)]
+        pauses = read_pauses(a.pauses)
         print(remaining(full, left, default_costs(full.jobs, run, pauses), a.cores))
         return 0
 

@@ -16,9 +16,11 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from jobs import Job  # benchmarks/jobs.py, beside this script
+from run_log import paused
 
 # A job's wildcards that only pick other data for the same work (an attack job's victims first to
 # last: the same work when as many, see _shape; a utility run's seed: the same training on
@@ -117,21 +119,17 @@ def record_span(job: Job, root: Path) -> tuple[float, float] | None:
     return min(starts), max(ends)
 
 
-def paused_seconds(start: float, end: float, pauses: Sequence[tuple[float, float]]) -> float:
-    """How much of [start, end] lies in one of ``pauses`` (epoch seconds)."""
-    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
-
-
 def own_measurement(
-    job: Job, root: Path, pauses: Sequence[tuple[float, float]] = ()
+    job: Job, root: Path, pauses: Sequence[tuple[datetime, datetime]] = ()
 ) -> Cost | None:
     """The job's own seconds. With ``pauses`` (a run paused as a whole, ``kill -STOP``, which
     its ``benchmark:`` files count in every job it held): its record's start to end less the
-    pauses in it, where Snakemake has a record."""
+    pauses in it (:func:`run_log.paused`, on the machine's clock), where Snakemake has a record."""
     if pauses:
         span = record_span(job, root)
         if span is not None:
-            seconds = span[1] - span[0] - paused_seconds(*span, pauses)
+            start, end = (datetime.fromtimestamp(s) for s in span)
+            seconds = span[1] - span[0] - paused(start, end, list(pauses)).total_seconds()
             return Cost(seconds, "measured", "Snakemake's record of the run, less its pauses")
     if job.benchmark:
         seconds = benchmark_seconds(root / job.benchmark)
@@ -173,7 +171,7 @@ def fallback_groups(job: Job) -> list[tuple[str, tuple]]:
 
 
 def default_costs(
-    jobs: list[Job], root: Path, pauses: Sequence[tuple[float, float]] = ()
+    jobs: list[Job], root: Path, pauses: Sequence[tuple[datetime, datetime]] = ()
 ) -> dict[int, Cost]:
     """Each job's seconds: its own measurement (less ``pauses``: :func:`own_measurement`), a
     median of similar measured jobs, or None."""

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -417,7 +418,8 @@ def test_a_pause_of_the_whole_run_is_not_counted_as_a_jobs_time(tmp_path):
     record = {"rule": "train_utility", "incomplete": False, "starttime": 1000.0, "endtime": 5000.0}
     (metadata / name).write_text(json.dumps(record))
     assert default_scale.own_measurement(job, tmp_path).seconds == pytest.approx(4000.0)
-    pauses = [(500.0, 1500.0), (2000.0, 3000.0), (4500.0, 9000.0), (6000.0, 7000.0)]
+    at = datetime.fromtimestamp  # the pauses file is read on the machine's clock
+    pauses = [(at(a), at(b)) for a, b in [(500, 1500), (2000, 3000), (4500, 9000), (6000, 7000)]]
     cost = default_scale.own_measurement(job, tmp_path, pauses)
     assert cost.seconds == pytest.approx(4000.0 - 500 - 1000 - 500)
     assert "less its pauses" in cost.how
