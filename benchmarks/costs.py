@@ -2,6 +2,7 @@
 
     python benchmarks/costs.py [--paper-config workflow/configs/paper.yaml] [--configfile F ...]
         [--measure-iterations [--iterations N] [--repeats R] [--slow S] [--threads T]]
+        [--project DIR] [--pauses FILE]
     python benchmarks/costs.py --remaining [--cores N] [--project DIR] [--pauses FILE]
         [--configfile F ...]
 
@@ -13,7 +14,9 @@ the longest job left. A job that saved progress (``results/.progress``) counts i
 ``--pauses`` (``START END`` a line, as ``benchmarks/run_log.py`` reads it) takes out what the run
 spent paused as a whole: a ``benchmark:`` file counts a pause in every job it held (a run paused
 an hour for the test suite measures an hour longer), so with ``--pauses`` a finished job's
-seconds are its Snakemake record's start to end less the pauses in it.
+seconds are its Snakemake record's start to end less the pauses in it. The same holds for the
+table of every target: ``--project DIR --pauses FILE`` right after a paused run ends gives its
+costs without the pauses.
 ``--project`` reads another checkout (the one a long run works in) with its own Snakefile; put
 that checkout's ``src`` first on ``PYTHONPATH`` (as the run itself must), else its Snakefile is read
 with this checkout's ``gradinv`` and a job whose settings differ between the two shows as left.
@@ -223,7 +226,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# What each target costs",
         "",
-        f"Default scale: {meta['default_config']}. Full scale: {meta['paper_config']}. "
+        f"Default scale: {meta['default_config']}, measured in {meta['measured_in']}. "
+        f"Full scale: {meta['paper_config']}. "
         f"Per-iteration costs measured on: {meta['device']}. Job-seconds: the sum over a "
         "target's jobs from scratch, shared jobs counted in every target that needs them "
         "(the `all` row counts each once). Written by `python benchmarks/costs.py` "
@@ -237,7 +241,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         name = f"**{r['target']}** (every job once)" if r["target"] == "all" else r["target"]
         lines.append(
             f"| {name} | {r['jobs']} ({r['exclusive_jobs']}) | {default_cell(r)} "
-            f"| {r['full_jobs']} | {full_cell(r)} | {r['full_leaves_out'] or '-'} |"
+            f"| {r['full_jobs']} | {full_cell(r)} | {r.get('full_leaves_out') or '-'} |"
         )
     lines += ["", f"Per-iteration costs: {meta['device']}."]
     return "\n".join(lines) + "\n"
@@ -314,25 +318,23 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--remaining", action="store_true", help="what is left of `all` here")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="with --remaining")
-    p.add_argument("--project", type=Path, default=ROOT, help="with --remaining: its checkout")
-    p.add_argument(
-        "--pauses", type=Path, help="with --remaining: the run's pauses, START END a line"
-    )
+    p.add_argument("--project", type=Path, default=ROOT, help="the checkout a run worked in")
+    p.add_argument("--pauses", type=Path, help="that run's pauses, START END a line")
     a = p.parse_args()
     os.chdir(ROOT)
+    project = a.project.resolve()
+    run = project / load_config(a.configfile)["run_dir"]  # where the run's jobs wrote
+    pauses = read_pauses(a.pauses)
     if a.remaining:
-        project = a.project.resolve()
         full = Dag(parse_dry_run(dry_run(a.configfile, cwd=project)))
         text = dry_run(a.configfile, cwd=project, forceall=False)
         left = [] if "Nothing to be done" in text else parse_dry_run(text)
-        run = project / load_config(a.configfile)["run_dir"]  # where those jobs wrote
-        pauses = read_pauses(a.pauses)
         print(remaining(full, left, default_costs(full.jobs, run, pauses), a.cores))
         return 0
 
-    default = Dag(parse_dry_run(dry_run(a.configfile)))
-    rows = default_rows(default, default_costs(default.jobs, ROOT))
-    paper = Dag(parse_dry_run(dry_run([*a.configfile, a.paper_config])))
+    default = Dag(parse_dry_run(dry_run(a.configfile, cwd=project)))
+    rows = default_rows(default, default_costs(default.jobs, run, pauses))
+    paper = Dag(parse_dry_run(dry_run([*a.configfile, a.paper_config], cwd=project)))
     config = load_config([*a.configfile, a.paper_config])
     if a.measure_iterations:
         iterations = measure_iterations(paper, config, a)
@@ -349,6 +351,7 @@ def main() -> int:
         table.append(rows.get(target, blank) | full.get(target, {"full_jobs": 0}))
     meta = {
         "default_config": " + ".join(["params.yaml", *a.configfile]),
+        "measured_in": f"{run} (less the pauses in {a.pauses})" if a.pauses else str(run),
         "paper_config": " + ".join(["params.yaml", *a.configfile, a.paper_config]),
         "device": device_label(iterations),
         "iterations_device": (iterations or {}).get("device"),

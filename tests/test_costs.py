@@ -299,8 +299,8 @@ def test_a_cpu_measurement_is_never_labelled_a_gpu_figure():
            "unmeasured_rules": "report 1", "default_seconds": None, "full_jobs": 1,
            "full_unestimated_jobs": 0, "full_seconds": 10.0, "full_estimated_jobs": 1,
            "full_leaves_out": ""}  # fmt: skip
-    meta = {"default_config": "params.yaml", "paper_config": "paper", "device": label,
-            "iterations_device": "cpu", "written": "now"}  # fmt: skip
+    meta = {"default_config": "params.yaml", "measured_in": ".", "paper_config": "paper",
+            "device": label, "iterations_device": "cpu", "written": "now"}  # fmt: skip
     md = costs.markdown([row], meta)
     assert "from CPU per-iteration costs (an upper bound for one GPU)" in md
     assert "full scale, one GPU" not in md
@@ -425,3 +425,46 @@ def test_a_pause_of_the_whole_run_is_not_counted_as_a_jobs_time(tmp_path):
     assert "less its pauses" in cost.how
     costs_of = default_scale.default_costs([job], tmp_path, pauses)
     assert costs_of[1].seconds == pytest.approx(2000.0)
+
+
+def test_the_cost_table_of_a_run_paused_as_a_whole_leaves_its_pauses_out(tmp_path, monkeypatch):
+    """`costs.py --project DIR --pauses FILE`: every target's default-scale seconds are the
+    run's own (in DIR, not this checkout), each finished job's less the pauses in it."""
+    project, out = tmp_path / "run", tmp_path / "here"
+    x = jobs.Job(jobid=4, rule="train", output=("ck/x.pt",), benchmark=SHARED[1][2]["benchmark"])
+    (project / "ck").mkdir(parents=True)
+    (project / x.output[0]).write_bytes(b"x")
+    os.utime(project / x.output[0], (5000.0, 5000.0))
+    write_tsv(project, x.benchmark, 4000)  # 1000 s of work, 3000 s held paused
+    write_tsv(project, SHARED[2][2]["benchmark"], 40)  # y: no record, its benchmark file
+    metadata = project / ".snakemake" / "metadata"
+    metadata.mkdir(parents=True)
+    record = {"rule": "train", "incomplete": False, "starttime": 1000.0, "endtime": 5000.0}
+    (metadata / base64.urlsafe_b64encode(b"ck/x.pt").decode()).write_text(json.dumps(record))
+    at = datetime.fromtimestamp  # the pauses file is read on the machine's clock
+    pauses = tmp_path / "pauses"
+    pauses.write_text(f"{at(2000).isoformat()} {at(5000).isoformat()}\n")
+
+    cwds = []
+
+    def dry_run(configfiles, target=None, cwd=costs.ROOT, forceall=True):
+        cwds.append(cwd)
+        return dry_run_text(SHARED)
+
+    monkeypatch.setattr(costs, "dry_run", dry_run)
+    monkeypatch.setattr(costs, "full_rows", lambda *args: {})  # the full scale: tested above
+    monkeypatch.setattr(costs, "ROOT", out)
+    (out / "results").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # main() moves to ROOT; this puts the tests' directory back
+    argv = ["costs.py", "--project", str(project), "--pauses", str(pauses)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert costs.main() == 0
+    assert cwds == [project, project]  # the run's checkout, for params.yaml and the paper overlay
+    table = (out / "results/costs.md").read_text()
+    assert f"measured in {project} (less the pauses in {pauses})" in table
+    # x: 4000 s of record less 3000 s paused; y: its benchmark file; the rest unmeasured
+    assert "| **all** (every job once) | 6 (6) | ≥ 17.3 min (2 measured); 4 unmeasured" in table
+    assert "| 0 | not a target of this configuration | - |" in table  # not in the paper overlay
+    monkeypatch.setattr(sys, "argv", argv[:3])  # without the pauses: the benchmark file's 4000 s
+    costs.main()
+    assert "≥ 1.1 h (2 measured)" in (out / "results/costs.md").read_text()
