@@ -599,15 +599,26 @@ def test_public_pool_is_the_last_validation_images_of_the_class():
     assert public_pool_indices(ds, 2, 1) == [9]
 
 
-def test_public_pool_refuses_a_missing_class_a_short_class_and_the_victims_images():
+def test_public_pool_refuses_a_missing_class_and_a_short_class():
     ds = prepared([0, 1, 2, 1, 0, 1, 2, 1, 0, 2])
     with pytest.raises(ValueError, match=r"no class 3: its classes are 0\.\.2"):
         public_pool(ds, 3, 1)
     with pytest.raises(ValueError, match=r"class 2 \(c\) of toy has 3 validation.*asks for 4"):
         public_pool(ds, 2, 4)
-    with pytest.raises(ValueError, match=r"\[5\] of the attacked batch"):
-        public_pool(ds, 1, 3, exclude=[4, 5])
-    public_pool(ds, 1, 3, exclude=[0, 1, 2])  # victims outside the pool are fine
+    with pytest.raises(ValueError, match=r"has 2 validation image\(s\) outside the attacked batch"):
+        public_pool(ds, 2, 3, exclude=[6])
+
+
+def test_public_pool_reaches_past_the_attacked_batch_and_leaves_other_pools_alone():
+    """A victim's own images never enter the pool its defense draws from (the measured run of
+    issue 30 met this: victim 1, validation image 93, in patches class 0's last 16, 84..99)."""
+    ds = prepared([1, 0, 2, 1, 0, 1, 2, 1, 0, 2, 1])
+    assert public_pool_indices(ds, 1, 3) == [5, 7, 10]
+    assert public_pool_indices(ds, 1, 3, exclude=[7, 8]) == [3, 5, 10]
+    images, labels = public_pool(ds, 1, 3, exclude=[7, 8])
+    assert (images[:, 0, 0, 0] * 255).round().long().tolist() == [3, 5, 10]
+    assert labels.tolist() == [1, 1, 1]
+    assert public_pool_indices(ds, 1, 3, exclude=[0, 1, 2]) == [5, 7, 10]  # a batch elsewhere
 
 
 def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, monkeypatch):
@@ -636,7 +647,7 @@ def test_the_public_figure_measures_the_pull_toward_the_public_class(tmp_path, m
         run = tmp_path / defense
         attack = {"victims": [0], "runs": [{"status": "ok", "images": image[None]}]}
         save_tensors(run / "attack.pt", attack)  # an attack job's file, one victim
-        save_tensors(run / "victim.pt", {"images": original})
+        save_tensors(run / "victim.pt", {"images": original, "indices": torch.tensor([0])})
         row = {
             "dataset": "patches",
             "dataset_label": "Patches",

@@ -133,9 +133,14 @@ def _select(
 
 
 def public_pool_indices(
-    prepared: PreparedDataset, cls: int, n: int, where: str = "defenses.<name>"
+    prepared: PreparedDataset,
+    cls: int,
+    n: int,
+    where: str = "defenses.<name>",
+    exclude: Sequence[int] = (),
 ) -> list[int]:
-    """Validation indices of the last ``n`` images of class ``cls``, in validation order.
+    """Validation indices of the last ``n`` images of class ``cls`` outside ``exclude``, in
+    validation order.
 
     Class membership follows the labels, not the position: a source sorted by class (patches,
     imagenet) keeps each class in one block, the others (digits, ffhq, cifar, mnist, svhn)
@@ -148,14 +153,17 @@ def public_pool_indices(
             f"({prepared.classes[0]} .. {prepared.classes[-1]}); set {where}.public_class to "
             "one of them"
         )
-    members = torch.nonzero(prepared.val_labels == cls).reshape(-1)
+    skip = {int(i) for i in exclude}
+    members = [int(i) for i in torch.nonzero(prepared.val_labels == cls).reshape(-1)]
+    members = [i for i in members if i not in skip]
     if len(members) < n:
+        outside = f" outside the attacked batch {sorted(skip)}" if skip else ""
         raise ValueError(
             f"class {cls} ({prepared.classes[cls]}) of {prepared.name} has {len(members)} "
-            f"validation image(s), but {where} asks for {n}; lower {where}.public_images or "
-            f"choose another {where}.public_class"
+            f"validation image(s){outside}, but {where} asks for {n}; lower "
+            f"{where}.public_images or choose another {where}.public_class"
         )
-    return members[len(members) - n :].tolist()
+    return members[len(members) - n :]
 
 
 def public_pool(
@@ -165,23 +173,16 @@ def public_pool(
     exclude: Sequence[int] = (),
     where: str = "defenses.<name>",
 ) -> tuple[Tensor, Tensor]:
-    """The public pool of CENSOR's ``source: public``: the last ``n`` validation images of class
-    ``cls`` as float in [0, 1] (N, C, H, W), and their labels.
+    """The public pool of CENSOR's ``source: public`` and DCS²'s ``start: public``: the last
+    ``n`` validation images of class ``cls`` as float in [0, 1] (N, C, H, W), and their labels.
 
-    Last, because victims are taken from the start of the validation split; ``exclude`` (the
-    validation indices of an attacked batch) must not meet the pool, else the defense would draw
-    its directions from the very images it protects.
+    Last, because victims are mostly taken from elsewhere in the validation split; the images of
+    ``exclude`` (the validation indices of an attacked batch) are skipped, and the pool reaches
+    back past them, else the defense would draw its directions or start points from the very
+    images it protects. So a victim whose batch meets the class's last images gets a pool of its
+    own; every other victim gets the same one.
     """
-    indices = public_pool_indices(prepared, cls, n, where)
-    shared = sorted(set(indices) & {int(i) for i in exclude})
-    if shared:
-        raise ValueError(
-            f"the public pool (the last {n} validation images of class {cls} of "
-            f"{prepared.name}, indices {indices[0]}..{indices[-1]}) contains validation image(s) "
-            f"{shared} of the attacked batch; choose another {where}.public_class, lower "
-            f"{where}.public_images or move the victims (capture.victim_stride)"
-        )
-    return prepared.val_batch(indices)
+    return prepared.val_batch(public_pool_indices(prepared, cls, n, where, exclude))
 
 
 def load_prepared(name: str, out_dir: Path) -> PreparedDataset:

@@ -38,14 +38,20 @@ def run(
     block, where = settings["defenses"][public_defense], f"defenses.{public_defense}"
     cfg = defense_settings(block["kind"], method_settings(block), where)  # with its defaults
     rows, entries, nearest = [], [], {}
-    pools: dict[str, torch.Tensor] = {}
+    prepared: dict[str, Any] = {}
+    pools: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
     for row in scored_runs(metric_files):
         rec = load_reconstruction(row)
         secret = load_tensors(run_path(row["victim_file"]))
         dataset = row["dataset"]
-        if dataset not in pools:
-            ds = load_prepared(dataset, prepared_dir)
-            pools[dataset] = public_pool(ds, cfg.public_class, cfg.public_images, where=where)[0]
+        if dataset not in prepared:
+            prepared[dataset] = load_prepared(dataset, prepared_dir)
+        batch = tuple(int(i) for i in secret["indices"])  # the pool the capture used: without it
+        if (dataset, batch) not in pools:
+            pools[dataset, batch] = public_pool(
+                prepared[dataset], cfg.public_class, cfg.public_images, exclude=batch, where=where
+            )[0]
+        pool = pools[dataset, batch]
         original, image = first_scored_pair(row, rec, secret)
         record = {
             "dataset": dataset,
@@ -60,13 +66,13 @@ def run(
             "scale": settings["scale"],
         }
         if image is not None:
-            to_public = ((pools[dataset] - image) ** 2).flatten(1).mean(1)
+            to_public = ((pool - image) ** 2).flatten(1).mean(1)
             best = int(torch.argmin(to_public))
             record["mse_to_original"] = float(((image - original) ** 2).mean())
             record["mse_to_public"] = float(to_public[best])
             record["closer_to_public"] = record["mse_to_public"] < record["mse_to_original"]
             if row["defense"] == public_defense:
-                nearest[(row["dataset_label"], row["victim"])] = pools[dataset][best]
+                nearest[(row["dataset_label"], row["victim"])] = pool[best]
         rows.append(record)
         entries.append(
             GridEntry(
