@@ -37,7 +37,9 @@ from gradinv.table_inputs import (
     claim_inputs,
     report_category,
     report_subcategory,
+    table_attack_files,
     table_score_files,
+    table_victim_files,
     table_utility_runs,
     undefended_score_files,
 )

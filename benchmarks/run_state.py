@@ -23,6 +23,10 @@ So the archive holds, from the run's working directory (the project, or an overl
   checksums) and logs (``.snakemake/log``, for ``benchmarks/run_log.py``);
 - the jobs' ``benchmark:`` files and logs (``results/benchmarks``, ``results/logs``) and the saved
   progress of jobs under way (``results/.progress``, resumed on the other machine);
+- the files that the records of a score file among those inputs name, each run's reconstruction
+  and private batch: a table's report draws its grid of reconstructions from them without
+  declaring them (the grid only illustrates; no number reads them), so they are carried as
+  objects (below) whatever their size;
 - ``--extra`` files (a run's heartbeats and pauses), restored to ``--extras-to``.
 
 A kept file of ``--large`` MiB or more (default 1: a trained generator, a defended model's
@@ -82,6 +86,7 @@ RECORDS = (
 )  # under the run's working directory
 EXTRAS = "extras"
 LARGE_MIB = 1.0  # a kept file this large or larger is stored beside the archive, by its SHA-256
+SCORES = "results/metrics/"  # a score file's records name the reconstruction and victim files
 PROGRESS_MAX_MIB = 4.0  # a job's saved progress larger than this is left out (it starts over)
 ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
 TOTAL = re.compile(r"^total\s+(\d+)$")
@@ -139,6 +144,24 @@ def dry_run(binary: str, run_dir: Path, args: list[str]) -> list[dict]:
             "Snakemake prints its jobs in a form run_state.py does not know"
         )
     return jobs
+
+
+def named_by_scores(run_dir: Path, workdir_path: Path, inputs: set[str]) -> list[str]:
+    """The files, in ``run_dir``, that the records of the score files among ``inputs`` name
+    (``reconstruction``, ``victim_file``: relative to the run's working directory) and that
+    exist."""
+    named = set()
+    for f in inputs:
+        path = workdir_path / f
+        if not (f.startswith(SCORES) and f.endswith(".json") and path.is_file()):
+            continue
+        for record in json.loads(path.read_text()).get("runs", []):
+            for key in ("reconstruction", "victim_file"):
+                if record.get(key) and (workdir_path / record[key]).is_file():
+                    rel = os.path.normpath(os.path.relpath(workdir_path / record[key], run_dir))
+                    if not rel.startswith(".."):
+                        named.add(rel)
+    return sorted(named)
 
 
 def by_rule(jobs: list[dict]) -> dict[str, int]:
@@ -250,7 +273,8 @@ def save(
     produced = {f for job in jobs for f in job["output"]}
     in_git = set(git(run_dir, "ls-files").splitlines())
     needed, missing = [], []
-    for f in sorted({f for job in jobs for f in job["input"]} - produced):
+    inputs = {f for job in jobs for f in job["input"]} - produced
+    for f in sorted(inputs):
         rel = os.path.normpath(os.path.relpath(workdir_path / f, run_dir))  # links unfollowed
         if rel.startswith(".."):
             raise RunStateError(f"{f}, an input of the jobs left, is outside {run_dir}")
@@ -269,6 +293,11 @@ def save(
     kept = [f for f in needed if f not in left_out]
     large = [f for f in kept if (run_dir / f).stat().st_size >= large_mib * 2**20]
     kept = [f for f in kept if f not in large]
+    large += [
+        f
+        for f in named_by_scores(run_dir, workdir_path, inputs)
+        if f not in in_git and f not in needed
+    ]
     records = [
         str(p.relative_to(run_dir))
         for folder in RECORDS

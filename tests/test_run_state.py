@@ -275,3 +275,46 @@ def test_save_refuses_uncommitted_changes(tmp_path):
     with pytest.raises(run_state.RunStateError, match="uncommitted changes"):
         run_state.save(first, tmp_path / "state.tar.xz", ["all"], [], [], SNAKEMAKE)
     assert not list(tmp_path.glob("state.tar.xz*"))
+
+
+SCORED = """
+rule all:
+    input: "out/report.txt"
+rule attack:
+    output: rec="results/attacks/r1.pt", victim="results/victims/v1.pt"
+    shell: "echo image > {output.rec}; echo private > {output.victim}"
+rule score:
+    input: "results/attacks/r1.pt", "results/victims/v1.pt"
+    output: "results/metrics/s.json"
+    shell: \"\"\"echo '{{"runs": [{{"reconstruction": "results/attacks/r1.pt", \\
+        "victim_file": "results/victims/v1.pt"}}]}}' > {output}\"\"\"
+rule report:
+    input: "results/metrics/s.json"
+    output: "out/report.txt"
+    shell: "cat {input} results/attacks/r1.pt > {output}"
+"""
+
+
+def test_the_files_a_pending_reports_scores_name_are_carried(tmp_path):
+    """A table's report reads the reconstructions and victims its score records name without
+    declaring them (its grid): with the scores finished and the report to run, they are carried
+    (beside the archive, by their SHA-256), and restored without rerunning what made them."""
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "Snakefile").write_text(SCORED)
+    git(first, "init", "-q")
+    git(first, "add", "Snakefile")
+    git(first, "commit", "-q", "-m", "w")
+    build(first, "results/metrics/s.json")
+    archive = tmp_path / "state.tar.xz"
+    manifest = run_state.save(first, archive, ["all"], [], [], SNAKEMAKE)
+    assert manifest["jobs_left_by_rule"] == {"all": 1, "report": 1}
+    assert sorted(manifest["files"]) == ["results/metrics/s.json"]
+    assert sorted(manifest["objects"]) == ["results/attacks/r1.pt", "results/victims/v1.pt"]
+
+    second = clone(first, tmp_path / "second")
+    restored = run_state.restore(archive, second, "1", None, SNAKEMAKE)
+    assert restored["jobs_left_now_by_rule"] == {"all": 1, "report": 1}  # score not rerun
+    assert (second / "results" / "attacks" / "r1.pt").read_text() == "image\n"
+    build(second, "all")
+    assert "image" in (second / "out" / "report.txt").read_text()

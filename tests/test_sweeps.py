@@ -18,6 +18,7 @@ from gradinv.stages.frontier import draw, frontier_points
 from gradinv.stages.score import _success_rate
 from gradinv.sweeps import shared_runs, sweep_points, sweep_variant, table_runs
 from gradinv.table_inputs import (
+    table_attack_files,
     table_files,
     table_score_files,
     table_utility_runs,
@@ -308,6 +309,15 @@ def test_an_adaptive_attack_with_nothing_to_adapt_to_reads_the_plain_attacks_run
     assert len(scores) * victims == len(files) and all(
         s.endswith(f"/v{victims}.json") for s in scores
     )
+    # attacked victims_per_job at a time: a cell's first victims in one file, the rest in more
+    attacks = table_attack_files(_with(base, victims_per_job=3), "frontier_runs")
+    assert len(attacks) == len(scores) * -(-victims // 3)
+    assert {a.rsplit("/", 1)[1] for a in attacks} == {
+        f"victims{first}-{min(first + 3, victims) - 1}.pt" for first in range(0, victims, 3)
+    }
+    assert {a.rsplit("/", 1)[0] for a in attacks} == {
+        s.replace("results/metrics/", "results/attacks/").rsplit("/", 1)[0] for s in scores
+    }
 
 
 def test_a_table_without_an_undefended_row_reads_another_tables_undefended_runs():

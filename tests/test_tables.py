@@ -448,6 +448,53 @@ def test_a_failed_attack_is_a_labelled_tile_in_the_grid(tmp_path, monkeypatch):
     assert drawn == ["ndarray", "ndarray", "ndarray", "failed"]  # originals, then the cells
 
 
+def test_a_reconstruction_not_on_disk_is_a_labelled_tile_and_counted(tmp_path, monkeypatch, capsys):
+    """The grid only illustrates (the table's numbers come from the scores): a reconstruction
+    file that was deleted or not carried to this machine is a tile that says so, the caption
+    and the log count it and name the command that makes it again, and the grid is drawn."""
+    from gradinv.io import save_tensors
+    from gradinv.stages import report
+    from gradinv.tables import grid
+
+    victim = tmp_path / "victim0.pt"
+    save_tensors(victim, {"images": torch.rand(1, 3, 8, 8)})
+    kept = tmp_path / "attacks" / "none" / "victims0-0.pt"
+    save_tensors(kept, {"runs": [{"status": "ok", "images": torch.rand(1, 3, 8, 8)}]})
+    rows = [
+        {
+            "dataset_label": "Patches",
+            "defense": defense,
+            "defense_label": defense,
+            "attack": "ig",
+            "attack_label": "IG",
+            "model": "lenet",
+            "round": 0,
+            "victim": 0,
+            "status": "ok",
+            "victim_file": str(victim),
+            "reconstruction": str(tmp_path / "attacks" / defense / "victims0-0.pt"),
+            "reconstruction_index": 0,
+        }
+        for defense in ("none", "censor")
+    ]
+    monkeypatch.setattr(report, "scored_runs", lambda files: rows)
+    drawn = []
+    real_draw = grid._draw
+    monkeypatch.setattr(
+        grid,
+        "_draw",
+        lambda ax, image: (drawn.append(image), real_draw(ax, image))[1],
+    )
+    out = tmp_path / "grid.png"
+    report._grid([], out, [0], caption="Grid.", shown={}, shown_attacks={})
+    assert [d for d in drawn if isinstance(d, str)] == [grid.NOT_KEPT]
+    missing = tmp_path / "attacks" / "censor" / "victims0-0.pt"
+    note = f"1 of the 2 reconstructions are not on disk (their attacks' files, such as {missing}"
+    with Image.open(out) as img:
+        assert img.text["Title"].startswith(f"Grid. {note}")
+    assert note in capsys.readouterr().err
+
+
 def test_malformed_files_are_named(tmp_path):
     good = write(tmp_path, [run()])
     broken = tmp_path / "broken.json"

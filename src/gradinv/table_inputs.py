@@ -42,6 +42,21 @@ def table_score_files(config: dict[str, Any], table: str) -> list[str]:
     return list(cells)
 
 
+def table_attack_files(config: dict[str, Any], table: str) -> list[str]:
+    """The attack jobs' files behind a table's cells (``victims_per_job`` victims a file), each
+    once: for a stage whose numbers come from the reconstructions themselves, not their scores
+    (Fig. 10's drift toward the public images)."""
+    from gradinv.jobs import victim_groups  # gradinv.jobs builds on this module
+
+    groups = victim_groups(table_victims(config, table), config["victims_per_job"])
+    files = dict.fromkeys(
+        f"results/attacks/{d}/{m}/{run}/r{r}_b{bs}/{a}/victims{first}-{last}.pt"
+        for d, m, run, r, bs, a, _ in _table_runs(config, table)
+        for first, last in groups
+    )
+    return list(files)
+
+
 UNDEFENDED = "none"
 
 

@@ -38,6 +38,10 @@ if "fig10_public" in config["tables"]:
         # CENSOR's Fig. 10: reconstructions under directions drawn from one public class.
         input:
             metrics=table_score_files(config, "fig10_public"),
+            # its drift is measured on the images themselves, so these are inputs (a table's
+            # grid only illustrates: rule report draws the ones on disk and counts the others)
+            reconstructions=table_attack_files(config, "fig10_public"),
+            victims=sorted(set(table_victim_files(config, "fig10_public"))),
             data=expand("data/prepared/{d}.pt", d=config["tables"]["fig10_public"]["datasets"]),
         output:
             figure=report(

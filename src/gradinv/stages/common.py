@@ -97,12 +97,16 @@ def first_scored_pair(
     to (``None`` if the attack failed): the pair a figure shows for one run. The batch's first
     image is not it where the defense protects some samples only (DCS²: ``scored_samples``) or
     the Hungarian matching put another reconstruction against it (``matching``)."""
-    scored = row.get("scored_samples") or [0]
-    original = secret["images"][scored[0]]
+    original = first_scored_original(row, secret)
     if reconstruction["status"] != "ok" or row.get("status") != "ok":
         return original, None
-    matching = row.get("matching") or list(range(len(scored)))
+    matching = row.get("matching") or list(range(len(row.get("scored_samples") or [0])))
     return original, reconstruction["images"][matching[0]]
+
+
+def first_scored_original(row: dict[str, Any], secret: dict[str, Any]) -> Tensor:
+    """The first private image the scoring stage scored (see :func:`first_scored_pair`)."""
+    return secret["images"][(row.get("scored_samples") or [0])[0]]
 
 
 def update_lr(fl: dict[str, Any]) -> float:

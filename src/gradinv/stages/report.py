@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,17 @@ from gradinv.config import models_of
 from gradinv.io import load_tensors, read_json
 from gradinv.methods import fact
 from gradinv.sensitive import scores_whole_batch
-from gradinv.stages.common import first_scored_pair, load_reconstruction, project_path, run_path
+from gradinv.stages.common import (
+    first_scored_original,
+    first_scored_pair,
+    load_reconstruction,
+    project_path,
+    run_path,
+)
 from gradinv.tables import DEFAULT_METRICS, GridEntry, reconstruction_grid, render_table
 from gradinv.tables.figures import figure_caption
 from gradinv.tables.files import scored_runs
+from gradinv.tables.grid import NOT_KEPT
 from gradinv.tables.render import Sweep, Tradeoff
 
 
@@ -213,12 +221,21 @@ def _grid(
     """Original vs reconstructed images, one row per defense and attack (a batch's first scored
     image and the reconstruction matched to it);
     ``shown`` gives the labels a defense's runs appear under (a shared run: several), and
-    ``shown_attacks`` those a (defense run, attack run)'s appear under."""
-    entries = []
+    ``shown_attacks`` those a (defense run, attack run)'s appear under.
+
+    The grid is drawn from the attacks' files, which no number of the table reads (the scores
+    hold those): where one is not on disk (deleted to save space, or a run carried to another
+    machine without it, ``benchmarks/run_state.py``), its tiles say so, the caption counts
+    them and names the command that brings them back, and the table is still written."""
+    entries, not_kept, runs = [], [], 0
     for row in scored_runs(metric_files):
-        rec = load_reconstruction(row)
+        runs += 1
         secret = load_tensors(run_path(row["victim_file"]))
-        original, reconstruction = first_scored_pair(row, rec, secret)
+        if run_path(row["reconstruction"]).is_file():
+            original, reconstruction = first_scored_pair(row, load_reconstruction(row), secret)
+        else:
+            original, reconstruction = first_scored_original(row, secret), NOT_KEPT
+            not_kept.append(row["reconstruction"])
         attack_labels = shown_attacks.get((row["defense"], row["attack"]), [row["attack_label"]])
         for label, attack_label in itertools.product(
             shown.get(row["defense"], [row["defense_label"]]), attack_labels
@@ -236,6 +253,15 @@ def _grid(
                     reconstruction=reconstruction,
                 )
             )
+    if not_kept:
+        first = not_kept[0]
+        note = (
+            f"{len(not_kept)} of the {runs} reconstructions are not on disk"
+            f" (their attacks' files, such as {first}, were deleted or not carried "
+            f"here); `snakemake {first} --cores 1` makes one again, and the next run redraws this"
+        )
+        print(f"gradinv report: {out.name}: {note}", file=sys.stderr)
+        caption = f"{caption} {note}."
     reconstruction_grid(entries, out, caption)
 
 

@@ -17,6 +17,7 @@ from gradinv.tables.aggregate import TableError
 from gradinv.tables.figures import DPI, save_figure
 
 MISSING, FAILED = "missing", "failed"  # what a tile without an image says
+NOT_KEPT = "not on\ndisk"  # its attack's file was deleted or not carried to this machine
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class GridEntry:
     attack_label: str
     victim: int
     original: Any  # float tensor or array (C, H, W) in [0, 1]
-    reconstruction: Any  # the same, or None where the attack failed (no image to show)
+    # the same; None where the attack failed (no image to show), or a label drawn in its place
+    # (NOT_KEPT: the attack ran, but its file is not here)
+    reconstruction: Any
 
 
 def _as_entry(entry: GridEntry | Mapping[str, Any]) -> GridEntry:
@@ -63,8 +66,9 @@ def reconstruction_grid(
     Rows, attacks and victims follow their order of first appearance in ``entries``, so the
     caller decides the layout. Two different originals for the same (dataset, victim) are an
     error: the grid would otherwise compare a reconstruction against the wrong image. A
-    non-finite reconstruction, a failed attack's (``None``) and a missing one are each labelled
-    in place, not left blank; a (defense, attack) that was not run at all is an empty cell.
+    non-finite reconstruction, a failed attack's (``None``), a missing one and one given as a
+    label (``NOT_KEPT``) are each labelled in place, not left blank; a (defense, attack) that was
+    not run at all is an empty cell.
     """
     items = [_as_entry(e) for e in entries]
     if not items:
@@ -89,6 +93,8 @@ def reconstruction_grid(
         cells[(e.dataset, e.defense_label, e.attack_label, e.victim)] = (
             FAILED
             if e.reconstruction is None
+            else e.reconstruction
+            if isinstance(e.reconstruction, str)
             else _image(
                 e.reconstruction, f"reconstruction of {e.defense_label}/{e.attack_label}/{col}"
             )
