@@ -138,7 +138,7 @@ def test_the_shipped_params_and_overlay_are_valid():
         (broken("fl.clients_per_round", 11), r"fl.clients_per_round: 11 clients per round"),
         (
             broken("capture.batch_size", 2000),
-            r"capture: .* needs 3395 images, but it has 1500; lower capture.victims",
+            r"capture: .* \(it has 1500\): victims 0 and 1 share validation images from 93 on; lower",
         ),
         (
             both(("threat_model.label_rule", "idlg"), ("capture.batch_size", 4)),
@@ -206,8 +206,8 @@ def test_the_shipped_params_and_overlay_are_valid():
             r"client_time.paper_models: 'resnet18_g' is not defined under models. Did you mean",
         ),
         (
-            broken("tables.table3_eot.victims", 40),
-            r"capture: tables.table3_eot attacks 40 victims .* needs 3628 images",
+            broken("tables.table3_eot.victims", 600),  # stride 93 wraps around 1500 every 500
+            r"capture: tables.table3_eot attacks 600 victims .*: victims 0 and 500 share",
         ),
         (broken("convergence.fl.round", 5), r"convergence.fl.round: unknown key. Did you mean"),
         (

@@ -439,6 +439,30 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
         victim_indices(3, 3, 2, labels, distinct=True)
 
 
+def test_victims_beyond_one_pass_of_the_stride_wrap_around():
+    """params.yaml's stride 93 puts 16 victims in one pass of the 1500 validation patches; victim
+    16 on start again between them (1488, then 81, 174, ...), each first pass victim keeping its
+    image, and the cross-check refuses victims whose batches would share an image."""
+    from gradinv.cross_checks import victim_clash
+    from gradinv.stages.capture import victim_indices
+
+    labels = [i // 100 for i in range(1500)]
+    assert [victim_indices(v, 1, 93, labels) for v in (1, 15, 16, 17, 18)] == [
+        [93],
+        [1395],
+        [1488],
+        [81],
+        [174],
+    ]
+    starts = {victim_indices(v, 1, 93, labels)[0] for v in range(40)}
+    assert len(starts) == 40
+    assert victim_clash(40, 93, 1, 1500) == ""
+    assert victim_clash(18, 93, 4, 1500) == ""  # 81 and 93 are 12 apart; 1488..1491 fits
+    assert victim_clash(18, 93, 13, 1500) == "victims 17 and 1 share validation images from 93 on"
+    assert victim_clash(501, 93, 1, 1500) == "victims 0 and 500 share validation images from 0 on"
+    assert victim_clash(1, 0, 2000, 1500) == "victim 0 needs validation images 0..1999"
+
+
 def test_dvc_metrics_and_plots_show_what_the_results_hold(tmp_path):
     """`dvc metrics show` lists each table's headline numbers and the claims' verdict counts;
     `dvc plots show` renders the convergence curves and the frontier, a line per defense. On

@@ -24,6 +24,29 @@ from gradinv.config import (
 from gradinv.settings import ConfigError
 
 
+def victim_start(victim: int, stride: int, pool: int) -> int:
+    """The validation image victim ``victim``'s batch starts at: ``victim * stride``, wrapped
+    around the ``pool`` validation images, so that a table may attack more victims than one pass
+    of the stride holds (CENSOR's patches: 16 victims at stride 93 fill one pass of 1500 images;
+    victims 16 on start at 1488, 81, 174, ..., between those of the first pass). The victims of
+    one pass keep their images whatever a table's count."""
+    return victim * stride % pool
+
+
+def victim_clash(victims: int, stride: int, batch_size: int, pool: int) -> str:
+    """Why ``victims`` consecutive batches of ``batch_size`` images (victim v's from
+    :func:`victim_start` on) do not fit ``pool`` validation images, or "" when each fits and no
+    two share an image. (With distinct labels a batch may reach past its ``batch_size``
+    images; :func:`gradinv.stages.capture.victim_indices` says so when it runs out.)"""
+    starts = sorted((victim_start(v, stride, pool), v) for v in range(victims))
+    for (a, va), (b, vb) in zip(starts, [*starts[1:], (pool, None)], strict=True):
+        if b - a < batch_size:
+            if vb is None:
+                return f"victim {va} needs validation images {a}..{a + batch_size - 1}"
+            return f"victims {va} and {vb} share validation images from {b} on"
+    return ""
+
+
 def check_references(config: dict[str, Any], source: str) -> None:
     """Names used in ``tables`` must be defined in their sections."""
     for name, sweep in config.get("sweeps", {}).items():
@@ -330,13 +353,12 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
             where = f"data.sources.{name}"
             pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
             bs = table_batch_size(config, table)
-            need = (victims - 1) * cap["victim_stride"] + bs
-            if pool is not None and need > pool:
+            clash = pool is not None and victim_clash(victims, cap["victim_stride"], bs, pool)
+            if clash:
                 fail(
-                    f"capture: tables.{table} attacks {victims} victims of "
-                    f"{bs} image(s) every {cap['victim_stride']} validation "
-                    f"images of {name}, which needs {need} images, but it has {pool}; lower "
-                    "capture.victims, capture.victim_stride or the batch size."
+                    f"capture: tables.{table} attacks {victims} victims of {bs} image(s) every "
+                    f"{cap['victim_stride']} validation images of {name} (it has {pool}): "
+                    f"{clash}; lower capture.victims, capture.victim_stride or the batch size."
                 )
         reference = spec["reference"]
         roots = (project_root(), REPO_ROOT)

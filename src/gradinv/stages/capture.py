@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gradinv.attacks import malicious_server
 from gradinv.config import method_settings
+from gradinv.cross_checks import victim_start
 from gradinv.data import load_prepared
 from gradinv.data.prepared import public_pool
 from gradinv.defenses import Defense, build_defense, gradient_cosine
@@ -32,10 +33,12 @@ from gradinv.stages.common import client_defense, derive_seed, run_path, setup, 
 def victim_indices(
     victim: int, batch_size: int, stride: int, labels: Sequence[int], distinct: bool = False
 ) -> list[int]:
-    """Victim v's batch: ``batch_size`` validation images from ``v * stride`` on, consecutive,
-    or (``distinct``) the first ones whose labels differ, as CENSOR's Table II ensures ("no
+    """Victim v's batch: ``batch_size`` validation images from ``v * stride`` on (wrapped around
+    the validation set: :func:`gradinv.cross_checks.victim_start`), consecutive, or
+    (``distinct``) the first ones whose labels differ, as CENSOR's Table II ensures ("no
     duplicate labels are present in each batch")."""
-    start, n_val = victim * stride, len(labels)
+    n_val = len(labels)
+    start = victim_start(victim, stride, n_val)
     if start + batch_size > n_val:
         raise ValueError(
             f"victim {victim} needs validation images {start}..{start + batch_size - 1}"

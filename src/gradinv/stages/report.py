@@ -65,7 +65,10 @@ def run(
         "protocol": settings["fl"]["protocol"],
         "round attacked": ", ".join(map(str, rounds)),
         "batch size": settings["capture"]["batch_size"],
-        "victims": f"{n_victims} (validation image v x {settings['capture']['victim_stride']})",
+        "victims": (
+            f"{n_victims} (validation image v x {settings['capture']['victim_stride']},"
+            " wrapped around the validation set)"
+        ),
         "threat model": settings["threat_model"],
         **{
             f"attack {a}": {k: v for k, v in cfg.items() if k not in ("kind", "label")}
