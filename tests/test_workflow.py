@@ -433,10 +433,28 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     from gradinv.stages.capture import victim_indices
 
     labels = [0] * 5 + [1] * 5 + [2] * 5
-    assert victim_indices(1, 3, 2, labels, distinct=True) == [2, 5, 10]
+    assert victim_indices(0, 3, 2, labels, distinct=True) == [0, 5, 10]
+    assert victim_indices(1, 3, 2, labels, distinct=True) == [2, 6, 11]  # 5, 10: victim 0's
     assert victim_indices(1, 3, 2, labels) == [2, 3, 4]
     with pytest.raises(ValueError, match="only 2 distinct labels among validation images 6"):
-        victim_indices(3, 3, 2, labels, distinct=True)
+        victim_indices(3, 3, 2, labels, distinct=True)  # 6 and 13; 10-12 are victims 0-2's
+
+
+def test_victims_of_a_batch_share_no_image():
+    """The patches' labels run in blocks of 100 (a photograph each): without passing over the
+    images earlier victims took, every victim starting in a block would share the next blocks'
+    first images (Table II's victims 0 and 1 shared 3 of 4). Each victim's batch also stays
+    the same whatever the number of victims after it."""
+    from gradinv.stages.capture import victim_indices
+
+    labels = [i // 100 for i in range(1500)]
+    for batch_size, n in ((2, 16), (4, 8)):  # the DCS² tables', Table II's
+        batches = [victim_indices(v, batch_size, 93, labels, distinct=True) for v in range(n)]
+        images = [i for batch in batches for i in batch]
+        assert len(set(images)) == len(images) == n * batch_size
+        assert all(len({labels[i] for i in batch}) == batch_size for batch in batches)
+        assert [batch[0] for batch in batches] == [v * 93 for v in range(n)]
+    assert victim_indices(1, 4, 93, labels, distinct=True) == [93, 101, 201, 301]
 
 
 def test_victims_beyond_one_pass_of_the_stride_wrap_around():

@@ -36,7 +36,11 @@ def victim_indices(
     """Victim v's batch: ``batch_size`` validation images from ``v * stride`` on (wrapped around
     the validation set: :func:`gradinv.cross_checks.victim_start`), consecutive, or
     (``distinct``) the first ones whose labels differ, as CENSOR's Table II ensures ("no
-    duplicate labels are present in each batch")."""
+    duplicate labels are present in each batch"), passing over the images victims 0 to v-1
+    took: the first image of a label would otherwise join the batch of every victim that
+    starts before it (on the patches, 100 images a label, victims 0 and 1 of batch 4 shared 3
+    images), and victims that share images are not the independent draws the intervals over
+    victims assume. Victim v's batch depends on v, not on how many victims a table attacks."""
     n_val = len(labels)
     start = victim_start(victim, stride, n_val)
     if start + batch_size > n_val:
@@ -47,19 +51,33 @@ def victim_indices(
         )
     if not distinct:
         return list(range(start, start + batch_size))
+    taken: set[int] = set()
+    for earlier in range(victim):
+        taken.update(
+            _distinct_batch(victim_start(earlier, stride, n_val), batch_size, labels, taken)
+        )
+    chosen = _distinct_batch(start, batch_size, labels, taken)
+    if len(chosen) < batch_size:
+        raise ValueError(
+            f"victim {victim}: only {len(chosen)} distinct labels among validation images "
+            f"{start}..{n_val - 1} (less those of victims 0..{victim - 1}), but the batch needs "
+            f"{batch_size}; lower capture.victims, capture.victim_stride or the batch size, or "
+            "set capture.distinct_labels: false"
+        )
+    return chosen
+
+
+def _distinct_batch(start: int, size: int, labels: Sequence[int], taken: set[int]) -> list[int]:
+    """Up to ``size`` images from ``start`` on, none in ``taken``, no two of a label."""
     chosen: list[int] = []
     seen: set[int] = set()
-    for i in range(start, n_val):
-        if int(labels[i]) not in seen:
+    for i in range(start, len(labels)):
+        if i not in taken and int(labels[i]) not in seen:
             chosen.append(i)
             seen.add(int(labels[i]))
-            if len(chosen) == batch_size:
-                return chosen
-    raise ValueError(
-        f"victim {victim}: only {len(chosen)} distinct labels among validation images {start}.."
-        f"{n_val - 1}, but the batch needs {batch_size}; lower capture.victims, "
-        "capture.victim_stride or the batch size, or set capture.distinct_labels: false"
-    )
+            if len(chosen) == size:
+                break
+    return chosen
 
 
 def select_victim(
