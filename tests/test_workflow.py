@@ -139,12 +139,15 @@ def test_censor_experiments_dry_run(tmp_path, overlay):
         k = [10, 30, 50]
     else:
         # an attack job per victims_per_job victims (the overlay: one each)
+        # (each table's victims; the round-0 runs of Tables V and VII, no more victims than
+        # Table III's, are Table III's first jobs)
         v = {
             t: -(-cfg["tables"][t]["victims"] // cfg["victims_per_job"])
-            for t in ("table3_eot", "table5_rounds")
+            for t in ("table3_eot", "table5_rounds", "table7_layerwise", "fig9_trials")
         }
+        assert max(v["table5_rounds"], v["table7_layerwise"]) <= v["table3_eot"]
         eot, rounds = 2 * 2 * v["table3_eot"], 2 * (10 * v["table5_rounds"] - v["table5_rounds"])
-        layer, trials = 2 * v["table3_eot"], 2 * 5 * v["table3_eot"]
+        layer, trials = 2 * v["table7_layerwise"], 2 * 5 * v["fig9_trials"]
         undefended = 2 * -(-cfg["capture"]["victims"] // cfg["victims_per_job"])  # GIFD, GIAS
         k = cfg["convergence"]["clients_per_round"]
     # Attacks: Table III (each CENSOR x {gifd, gifd_eot}), Table V (GIFD, rounds 1-9 beyond
