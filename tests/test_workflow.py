@@ -439,8 +439,14 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     assert victim_indices(0, 3, 2, labels, distinct=True) == [0, 5, 10]
     assert victim_indices(1, 3, 2, labels, distinct=True) == [2, 6, 11]  # 5, 10: victim 0's
     assert victim_indices(1, 3, 2, labels) == [2, 3, 4]
-    with pytest.raises(ValueError, match="only 2 distinct labels among validation images 6"):
-        victim_indices(3, 3, 2, labels, distinct=True)  # 6 and 13; 10-12 are victims 0-2's
+    # from 6 on, 6, 7 and 10-12 are victims 1-2's; past the end, on from the first image
+    assert victim_indices(3, 3, 2, labels, distinct=True) == [8, 13, 1]
+    with pytest.raises(ValueError, match="only 2 distinct labels among the 10 validation images,"):
+        victim_indices(0, 3, 2, labels[:10], distinct=True)
+    with pytest.raises(
+        ValueError, match=r"only 0 distinct labels .* \(less those of victims 0..1\)"
+    ):
+        victim_indices(2, 2, 1, [0, 0, 1, 1], distinct=True)
 
 
 def test_victims_of_a_batch_share_no_image():
@@ -451,13 +457,15 @@ def test_victims_of_a_batch_share_no_image():
     from gradinv.stages.capture import victim_indices
 
     labels = [i // 100 for i in range(1500)]
-    for batch_size, n in ((2, 16), (4, 8)):  # the DCS² tables', Table II's
+    for batch_size, n in ((2, 24), (4, 8)):  # DCS² Table 1's, Table II's
         batches = [victim_indices(v, batch_size, 93, labels, distinct=True) for v in range(n)]
         images = [i for batch in batches for i in batch]
         assert len(set(images)) == len(images) == n * batch_size
         assert all(len({labels[i] for i in batch}) == batch_size for batch in batches)
-        assert [batch[0] for batch in batches] == [v * 93 for v in range(n)]
+        assert [batch[0] for batch in batches] == [v * 93 % 1500 for v in range(n)]
     assert victim_indices(1, 4, 93, labels, distinct=True) == [93, 101, 201, 301]
+    # victim 16 starts in the last label's block (1488): its other label comes from the start
+    assert victim_indices(16, 2, 93, labels, distinct=True) == [1488, 1]
 
 
 def test_victims_beyond_one_pass_of_the_stride_wrap_around():

@@ -40,7 +40,10 @@ def victim_indices(
     took: the first image of a label would otherwise join the batch of every victim that
     starts before it (on the patches, 100 images a label, victims 0 and 1 of batch 4 shared 3
     images), and victims that share images are not the independent draws the intervals over
-    victims assume. Victim v's batch depends on v, not on how many victims a table attacks."""
+    victims assume. A batch that reaches the end of the validation set goes on from its
+    first image, as :func:`victim_start` wraps (on the patches at stride 93, victim 16 starts
+    at 1488, in the last label's block). Victim v's batch depends on v, not on how many
+    victims a table attacks."""
     n_val = len(labels)
     start = victim_start(victim, stride, n_val)
     if start + batch_size > n_val:
@@ -58,9 +61,10 @@ def victim_indices(
         )
     chosen = _distinct_batch(start, batch_size, labels, taken)
     if len(chosen) < batch_size:
+        earlier = f" (less those of victims 0..{victim - 1})" if victim else ""
         raise ValueError(
-            f"victim {victim}: only {len(chosen)} distinct labels among validation images "
-            f"{start}..{n_val - 1} (less those of victims 0..{victim - 1}), but the batch needs "
+            f"victim {victim}: only {len(chosen)} distinct labels among the {n_val} validation "
+            f"images{earlier}, but the batch needs "
             f"{batch_size}; lower capture.victims, capture.victim_stride or the batch size, or "
             "set capture.distinct_labels: false"
         )
@@ -68,10 +72,11 @@ def victim_indices(
 
 
 def _distinct_batch(start: int, size: int, labels: Sequence[int], taken: set[int]) -> list[int]:
-    """Up to ``size`` images from ``start`` on, none in ``taken``, no two of a label."""
+    """Up to ``size`` images from ``start`` on (past the last, from the first), none in
+    ``taken``, no two of a label."""
     chosen: list[int] = []
     seen: set[int] = set()
-    for i in range(start, len(labels)):
+    for i in (*range(start, len(labels)), *range(start)):
         if i not in taken and int(labels[i]) not in seen:
             chosen.append(i)
             seen.add(int(labels[i]))
