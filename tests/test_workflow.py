@@ -439,7 +439,7 @@ def test_table2_attacks_batches_of_four_with_distinct_labels(tmp_path):
     assert victim_indices(0, 3, 2, labels, distinct=True) == [0, 5, 10]
     assert victim_indices(1, 3, 2, labels, distinct=True) == [2, 6, 11]  # 5, 10: victim 0's
     assert victim_indices(1, 3, 2, labels) == [2, 3, 4]
-    # from 6 on, 6, 7 and 10-12 are victims 1-2's; past the end, on from the first image
+    # from 6 on, 6, 7 and 10-12 are victims 0-2's; past the end, on from the first image
     assert victim_indices(3, 3, 2, labels, distinct=True) == [8, 13, 1]
     with pytest.raises(ValueError, match="only 2 distinct labels among the 10 validation images,"):
         victim_indices(0, 3, 2, labels[:10], distinct=True)
