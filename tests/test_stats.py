@@ -44,6 +44,19 @@ def test_the_paired_interval_is_the_set_of_differences_the_test_keeps():
     assert paired_victims(left, right, "cell") == iv  # seeded: the same twice
 
 
+def test_an_interval_that_ends_on_a_tie_ends_exactly_there():
+    """Differences of 0 (Imprint reads an image back exactly under both defenses): δ = 0 is kept
+    (p 0.5), any δ above it rejected (p 1/128), so the interval ends at 0, not at the 1e-12 up to
+    which the test's tolerance for ties still keeps δ."""
+    d = [-1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert sign_flip_pvalue(d, 0.0) > 0.05 and sign_flip_pvalue(d, 1e-9) <= 0.05
+    iv = paired_victims(d, [0.0] * 8, "tie")
+    assert iv.high == 0.0 and iv.low == pytest.approx(-2 / 3)
+    assert verdict(iv, "less") == "inconclusive"  # 0 is in the interval
+    mirrored = paired_victims([0.0] * 8, d, "tie")
+    assert mirrored.low == 0.0 and verdict(mirrored, "not_below") == "holds"
+
+
 def test_five_victims_or_fewer_decide_nothing_however_consistent():
     # 2 / 2^5 > 0.05: no sign pattern is rare enough, so the interval is the whole line
     for n in (2, 5):
