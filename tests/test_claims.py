@@ -688,8 +688,9 @@ def test_every_claim_holds_on_the_papers_own_numbers():
     config = load(REPO_ROOT / "params.yaml", (REPO_ROOT / "workflow/configs/paper.yaml",))
     settings = json.loads(job_settings(config, "claims"))
     references = {**settings["references"], "table2": "workflow/reference/censor_table2.csv"}
+    runs = settings["reference_runs"]
     published = {
-        table: reference_cells(pd.read_csv(REPO_ROOT / csv), settings["labels"])
+        table: reference_cells(pd.read_csv(REPO_ROOT / csv), settings["labels"], runs.get(table))
         for table, csv in references.items()
     }
     claims = load_claims(REPO_ROOT / "workflow/claims.yaml")
@@ -702,6 +703,30 @@ def test_every_claim_holds_on_the_papers_own_numbers():
     checked = table[table["paper_verdict"].isin(["holds", "fails"])]
     assert len(checked) >= 19
     assert (checked["paper_verdict"] == "holds").all(), checked["paper_verdict"].to_dict()
+
+
+def test_a_published_name_is_matched_among_the_tables_own_defenses():
+    """Two papers may name different settings alike (CENSOR's Soteria, DCS²'s at its Table 10;
+    DCS² and its one-sensitive-sample variant): a published table's names are read among its
+    own runs, whatever the order of the defenses in params.yaml."""
+    labels = {
+        "defenses": {"dcs2_one": "DCS²", "dcs2": "DCS²", "none": "No Defense"},
+        "attacks": {"ig": "IG"},
+    }
+    reference = pd.DataFrame(
+        {
+            "dataset": ["MNIST", "MNIST"],
+            "defense": ["DCS²", "No Defense"],
+            "attack": ["IG", "IG"],
+            "metric": ["PSNR", "PSNR"],
+            "value": [10.0, 30.0],
+        }
+    )
+    runs = {"defenses": ["none", "dcs2_one"], "attacks": ["ig"]}
+    cells = reference_cells(reference, labels, runs)
+    assert list(cells["defense"]) == ["dcs2_one", "none"]
+    other = {"defenses": ["none", "dcs2"], "attacks": ["ig"]}
+    assert list(reference_cells(reference, labels, other)["defense"]) == ["dcs2", "none"]
 
 
 def test_a_bad_claims_file_stops_the_stage_with_the_key(tmp_path):

@@ -89,6 +89,17 @@ _ATTACK_SETTINGS = {
     "additionalProperties": {"type": "object"},
 }
 
+# What a defense's block may say of a malicious server's attack: per attack kind, settings the
+# defense takes in that attack's captures (:func:`defense_block`).
+_AGAINST = {
+    "description": (
+        "per malicious attack kind, settings merged over the defense's in that attack's captures"
+        " only (DCS² against Imprint: {imprint: {alpha: 30, beta: 100, iterations: 100}})"
+    ),
+    "type": "object",
+    "additionalProperties": {"type": "object"},
+}
+
 # The keys every generators.<name> block may have besides its kind's settings
 # (gradinv.generators.files explains them).
 _GENERATOR_KEYS = {
@@ -120,6 +131,7 @@ def methods_schema() -> dict[str, Any]:
         common = {
             "generators": _GENERATOR_KEYS,
             "models": {**_NAMED, "attack_settings": _ATTACK_SETTINGS},
+            "defenses": {**_NAMED, "against": _AGAINST},
         }.get(section, _NAMED)
         kinds[section] = {
             kind: settings_schema(
@@ -409,8 +421,20 @@ def table_rounds(config: dict[str, Any], table: str) -> list[int]:
     return list(config["tables"][table].get("rounds", [config["capture"]["round"]]))
 
 
-def table_batch_size(config: dict[str, Any], table: str) -> int:
-    return int(config["tables"][table].get("batch_size", config["capture"]["batch_size"]))
+def table_batch_size(config: dict[str, Any], table: str, attack: str | None = None) -> int:
+    """The images in each victim's batch of ``table``, for ``attack`` where given: the table's
+    ``batch_sizes`` for that attack (DCS²'s Imprint rows, batches of 4 beside DLG's and GS's 2),
+    else its ``batch_size``, else ``capture.batch_size``."""
+    spec = config["tables"][table]
+    own = spec.get("batch_sizes", {}).get(attack) if attack is not None else None
+    return int(own if own is not None else spec.get("batch_size", config["capture"]["batch_size"]))
+
+
+def table_batch_sizes(config: dict[str, Any], table: str) -> list[int]:
+    """Every batch size ``table`` attacks (one, unless its ``batch_sizes`` give an attack its
+    own), smallest first."""
+    attacks = config["tables"][table]["attacks"]
+    return sorted({table_batch_size(config, table, a) for a in attacks})
 
 
 def table_victims(config: dict[str, Any], table: str) -> int:
@@ -441,7 +465,26 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The keys of an instance block that are not its method's settings: a model's
+#: ``attack_settings`` are the attacks', a defense's ``against`` those it takes against a
+#: malicious server's attack (:func:`defense_block`).
+BOOKKEEPING = ("kind", "label", "attack_settings", "against")
+
+
 def method_settings(instance: dict[str, Any]) -> dict[str, Any]:
-    """An instance block without its bookkeeping keys: what the method's Settings receive (a
-    model's ``attack_settings`` are the attacks', not the model's)."""
-    return {k: v for k, v in instance.items() if k not in ("kind", "label", "attack_settings")}
+    """An instance block without its bookkeeping keys: what the method's Settings receive."""
+    return {k: v for k, v in instance.items() if k not in BOOKKEEPING}
+
+
+def defense_block(
+    config: dict[str, Any], defense: str, attack_kind: str | None = None
+) -> dict[str, Any]:
+    """Defense ``defense``'s block as a client runs it: without ``against``, and with
+    ``against.<attack_kind>`` merged over it where the server is that malicious attack (DCS²
+    tuned against Imprint: α 30, β 100, T 100, Appendix B.3). Every other job reads the block
+    without ``against``, so that adding one reruns only that attack's captures and scores."""
+    block = dict(config["defenses"][defense])
+    against = block.pop("against", {})
+    if attack_kind is not None and attack_kind in against:
+        block |= against[attack_kind]
+    return block

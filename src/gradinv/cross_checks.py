@@ -16,7 +16,7 @@ from gradinv.config import (
     method_settings,
     project_root,
     recipe_partition,
-    table_batch_size,
+    table_batch_sizes,
     table_models,
     table_rounds,
     table_victims,
@@ -106,10 +106,21 @@ def check_references(config: dict[str, Any], source: str) -> None:
                     )
     from gradinv.attacks import ATTACKS
     from gradinv.defenses import defense_settings
+    from gradinv.methods import fact
     from gradinv.settings import from_mapping
 
     for name, block in config["defenses"].items():  # combinations a defense's settings refuse
         defense_settings(block["kind"], method_settings(block), where=f"{source}: defenses.{name}")
+        for kind, values in block.get("against", {}).items():
+            where = f"{source}: defenses.{name}.against.{kind}"
+            malicious = [k for k in ATTACKS if fact("attacks", k, "server") == "malicious"]
+            if kind not in malicious:
+                raise ConfigError(
+                    f"{where}: {kind!r} is not the kind of a malicious server's attack, the only "
+                    "attacks whose capture is their own (an honest server's attacks share one "
+                    f"update); use one of {', '.join(malicious)}, or a defense block of its own."
+                )
+            defense_settings(block["kind"], method_settings(block | values), where=where)
     blocks = [
         *((f"generators.{n}", b) for n, b in config.get("generators", {}).items()),
         *((f"models.{n}", b) for n, b in config["models"].items()),
@@ -127,10 +138,17 @@ def check_references(config: dict[str, Any], source: str) -> None:
                     f"{source}: generators.{name}.datasets: {dataset!r} is not defined under "
                     "data.sources."
                 )
-    for spec in config["tables"].values():
+    for table, spec in config["tables"].items():
         for attack in spec["attacks"]:
             for dataset in spec["datasets"]:
                 attack_generator(config, attack, dataset, source)
+        for attack in spec.get("batch_sizes", {}):
+            if attack not in spec["attacks"]:
+                raise ConfigError(
+                    f"{source}: tables.{table}.batch_sizes: {attack!r} is not one of the "
+                    f"table's attacks ({', '.join(spec['attacks'])}); name one of them, or "
+                    "remove it."
+                )
     conv = config["convergence"]
     official = conv.get("official_loop", {})
     # The two training studies: their dataset and model, their FL keys, their defenses.
@@ -313,12 +331,12 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
             f"convergence.partition.num_clients is {conv['partition']['num_clients']}; lower one "
             "or raise the other."
         )
-    batched = [t for t in config["tables"] if table_batch_size(config, t) > 1]
+    batched = [t for t in config["tables"] if table_batch_sizes(config, t)[-1] > 1]
     if threat["labels"] == "infer" and threat["label_rule"] == "idlg" and batched:
         fail(
             f"threat_model.label_rule: idlg recovers the label of one image, but "
-            f"tables.{batched[0]} attacks batches of {table_batch_size(config, batched[0])}; use "
-            "label_rule yin (or auto)."
+            f"tables.{batched[0]} attacks batches of {table_batch_sizes(config, batched[0])[-1]}; "
+            "use label_rule yin (or auto)."
         )
     from gradinv.data import DATASETS
     from gradinv.settings import from_mapping
@@ -352,14 +370,15 @@ def check_combinations(config: dict[str, Any], source: str) -> None:
             dataset = DATASETS.get(name)
             where = f"data.sources.{name}"
             pool = dataset.val_size(from_mapping(dataset.Settings, method_settings(src), where))
-            bs = table_batch_size(config, table)
-            clash = pool is not None and victim_clash(victims, cap["victim_stride"], bs, pool)
-            if clash:
-                fail(
-                    f"capture: tables.{table} attacks {victims} victims of {bs} image(s) every "
-                    f"{cap['victim_stride']} validation images of {name} (it has {pool}): "
-                    f"{clash}; lower capture.victims, capture.victim_stride or the batch size."
-                )
+            for bs in table_batch_sizes(config, table):
+                clash = pool is not None and victim_clash(victims, cap["victim_stride"], bs, pool)
+                if clash:
+                    fail(
+                        f"capture: tables.{table} attacks {victims} victims of {bs} image(s) "
+                        f"every {cap['victim_stride']} validation images of {name} (it has "
+                        f"{pool}): {clash}; lower capture.victims, capture.victim_stride or the "
+                        "batch size."
+                    )
         reference = spec["reference"]
         roots = (project_root(), REPO_ROOT)
         if reference and not any((root / reference).is_file() for root in roots):

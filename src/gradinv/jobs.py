@@ -16,6 +16,7 @@ from typing import Any
 from gradinv.adaptive import shared_attacks
 from gradinv.config import (
     COMMON,
+    defense_block,
     merge,
     method_settings,
     recipe_partition,
@@ -116,6 +117,15 @@ def victim_groups(n: int, per_job: int) -> list[tuple[int, int]]:
     if n < 0 or per_job < 1:
         raise ValueError(f"victim_groups needs n >= 0 and per_job >= 1, got {n} and {per_job}")
     return [(first, min(first + per_job, n) - 1) for first in range(0, n, per_job)]
+
+
+def _malicious_kind(config: dict[str, Any], w: Any) -> str | None:
+    """The kind of the malicious server's attack a job's wildcards name (its capture, its
+    scores), else None."""
+    attack = w.get("attack")
+    if attack is None or attack not in malicious_attacks(config):
+        return None
+    return str(config["attacks"][attack]["kind"])
 
 
 def capture_file(config: dict[str, Any], w: Any) -> str:
@@ -262,7 +272,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "recipe_name": recipe,
                 "fl": utility_fl(config, recipe),
                 "partition": recipe_partition(config, recipe),
-                "defenses": {d: config["defenses"][d] for d in study["defenses"]},
+                "defenses": {d: defense_block(config, d) for d in study["defenses"]},
             }
         )
     if stage == "convergence_official":
@@ -283,7 +293,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 **common,
                 "title": spec["title"],
                 "public_defense": public[0] if public else None,
-                "defenses": {d: config["defenses"][d] for d in spec["defenses"]},
+                "defenses": {d: defense_block(config, d) for d in spec["defenses"]},
             }
         )
     if stage == "claims":
@@ -295,6 +305,13 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 # the published numbers, to check each claim's encoding on the paper's own table
                 "references": {
                     t: spec["reference"] for t, spec in tables.items() if spec["reference"]
+                },
+                # the runs each published table's names are matched among (a label may name
+                # a defense of another table too: DCS² and its one-sensitive-sample variant)
+                "reference_runs": {
+                    t: {"defenses": spec["defenses"], "attacks": spec["attacks"]}
+                    for t, spec in tables.items()
+                    if spec["reference"]
                 },
                 "labels": run_labels(config),
             }
@@ -331,7 +348,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 "fl": convergence_fl(config, convergence_curves_k(config)),
                 "labels": {d: config["defenses"][d]["label"] for d in config["defenses"]},
                 "defenses": {
-                    d: config["defenses"][d]
+                    d: defense_block(config, d)
                     for d in {
                         *conv["defenses"],
                         *conv["clients_defenses"],
@@ -344,7 +361,9 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
         out |= {
             "model": model_block(config, w["model"]),
             "model_name": w["model"],
-            "defense": config["defenses"][w["defense"]],
+            # against a malicious server's attack, the defense's settings against it (its own
+            # capture job); every other job's without them
+            "defense": defense_block(config, w["defense"], _malicious_kind(config, w)),
             "defense_name": w["defense"],
             "partition": config["partition"],
             "dataset": w["dataset"],
@@ -385,7 +404,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "metrics": config["metrics"],
             "attack": attack_block(config, w["attack"], w["dataset"], w["model"]),
             "attack_name": w["attack"],
-            "defense": config["defenses"][w["defense"]],
+            "defense": defense_block(config, w["defense"], _malicious_kind(config, w)),
             "defense_name": w["defense"],
             "dataset": w["dataset"],
             "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
@@ -429,13 +448,25 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
                 m: {a: attack_block(config, a, table["datasets"][0], m) for a in table["attacks"]}
                 for m in table_models(config, w["table"])
             },
-            "capture": {**config["capture"], "batch_size": table_batch_size(config, w["table"])},
+            "capture": {**config["capture"], **_table_batch_sizes(config, w["table"])},
             "fl": config["fl"],
             "threat_model": config["threat_model"],
         }
     else:
         raise ValueError(f"no job settings for stage {stage!r}")
     return _dump(out)
+
+
+def _table_batch_sizes(config: dict[str, Any], table: str) -> dict[str, Any]:
+    """A table's batch size, and the attacks' that differ from it (``batch_sizes``, only where
+    some do: every other table's settings stay as they were)."""
+    bs = table_batch_size(config, table)
+    own = {
+        a: table_batch_size(config, table, a)
+        for a in config["tables"][table]["attacks"]
+        if table_batch_size(config, table, a) != bs
+    }
+    return {"batch_size": bs, **({"batch_sizes": own} if own else {})}
 
 
 def convergence_fl(config: dict[str, Any], clients_per_round: int) -> dict[str, Any]:

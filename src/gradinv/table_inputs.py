@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from gradinv.adaptive import as_run_against, attack_runs
-from gradinv.config import COMMON, table_batch_size, table_models, table_rounds, table_victims
+from gradinv.config import (
+    COMMON,
+    table_batch_size,
+    table_batch_sizes,
+    table_models,
+    table_rounds,
+    table_victims,
+)
 from gradinv.methods import fact
 from gradinv.sensitive import BATCH, rule_of, scores_whole_batch, whole_batch
 from gradinv.settings import ConfigError
@@ -70,12 +77,13 @@ def undefended_score_files(config: dict[str, Any], table: str) -> list[str]:
     if UNDEFENDED in table_runs(config, table):
         return []
     index = _undefended_index(config)
-    bs = table_batch_size(config, table)
-    scoring = _rule_text(_protection(config, table)[0])  # on the samples its rows are scored on
+    on = _protection(config, table)[0]  # on the samples its rows are scored on
     files = []
     for d in spec["datasets"]:
         for m in table_models(config, table):
             for a in spec["attacks"]:
+                bs = table_batch_size(config, table, a)
+                scoring = _rule_text(_at_batch_size(on, bs))
                 key = (d, m, str(bs), _undefended_settings(config, a), scoring)
                 rounds = index.get(key, {})
                 for r in table_rounds(config, table):
@@ -103,11 +111,12 @@ def _undefended_index(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str,
     for table, spec in config["tables"].items():
         if UNDEFENDED not in table_runs(config, table):
             continue
-        bs, n = table_batch_size(config, table), table_victims(config, table)
-        scoring = _rule_text(_protection(config, table)[0])
+        n, on = table_victims(config, table), _protection(config, table)[0]
         for d in spec["datasets"]:
             for m in table_models(config, table):
                 for a in attack_runs(config, UNDEFENDED, spec["attacks"]):
+                    bs = table_batch_size(config, table, a)
+                    scoring = _rule_text(_at_batch_size(on, bs))
                     key = (d, m, str(bs), _undefended_settings(config, a), scoring)
                     rounds = index.setdefault(key, {})
                     for r in table_rounds(config, table):
@@ -127,10 +136,10 @@ def table_victim_files(config: dict[str, Any], table: str) -> list[str]:
 
 
 def _table_runs(config: dict[str, Any], table: str) -> list[tuple[Any, ...]]:
-    spec, bs = config["tables"][table], table_batch_size(config, table)
+    spec = config["tables"][table]
     attacks = {run: attack_runs(config, run, spec["attacks"]) for run in table_runs(config, table)}
     return [
-        (d, m, run, r, bs, a, v)
+        (d, m, run, r, table_batch_size(config, table, a), a, v)
         for d in spec["datasets"]
         for m in table_models(config, table)
         for run in attacks
@@ -181,7 +190,7 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
         for d, m, run, r, bs, a, _ in _table_runs(config, table):
             key = tuple(str(k) for k in (d, m, run, r, bs, a))
             # a DCS² run: its capture says which samples, unless the table scores them all
-            on = (BATCH if whole else None) if run in protecting else on_table
+            on = (BATCH if whole else None) if run in protecting else _at_batch_size(on_table, bs)
             if key in cells and _rule_text(cells[key][1]) != _rule_text(on):
                 other, before = cells[key]
                 raise ConfigError(
@@ -197,8 +206,9 @@ def _scored_cells(config: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any
 
 def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | None, set[str]]:
     """The samples ``table`` scores its defenses on (None: the whole batch, also with
-    ``scored: batch``; else its DCS² defense's, as :func:`scored_on` gives them) and its runs
-    that protect some samples only."""
+    ``scored: batch``; else its DCS² defense's, as :func:`scored_on` gives them, the whole batch
+    at a batch size where they are every sample: :func:`_at_batch_size`) and its runs that
+    protect some samples only."""
     protecting = {}
     for run in table_runs(config, table):
         block = config["defenses"][run]
@@ -214,22 +224,32 @@ def _protection(config: dict[str, Any], table: str) -> tuple[dict[str, Any] | No
             "the same images: give them the same settings, or put them in tables of their own"
         )
     on = next(iter(protecting.values()), None)
-    if on is not None and whole_batch(on["rule"], table_batch_size(config, table)):
+    sizes = table_batch_sizes(config, table)
+    if on is not None and all(whole_batch(on["rule"], bs) for bs in sizes):
         on = None  # it protects every sample: the whole batch (one image of one)
     if scores_whole_batch(config["tables"][table]):
         on = None
     return on, set(protecting)
 
 
+def _at_batch_size(on: dict[str, Any] | None, batch_size: Any) -> dict[str, Any] | None:
+    """The samples ``on`` names in a batch of ``batch_size``: None (the whole batch) where it
+    names every one (one image of one)."""
+    if on is not None and whole_batch(on["rule"], int(batch_size)):
+        return None
+    return on
+
+
 def _runs(config: dict[str, Any], table: str) -> set[tuple[str, ...]]:
     """The (dataset, model, run, round, batch size) whose runs ``table`` reads."""
-    spec, bs = config["tables"][table], table_batch_size(config, table)
+    spec = config["tables"][table]
     return {
         tuple(str(k) for k in (d, m, run, r, bs))
         for d in spec["datasets"]
         for m in table_models(config, table)
         for run in table_runs(config, table)
         for r in table_rounds(config, table)
+        for bs in table_batch_sizes(config, table)
     }
 
 

@@ -81,13 +81,19 @@ def evaluate(
 
 
 def reference_cells(
-    reference: pd.DataFrame, labels: Mapping[str, Mapping[str, str]]
+    reference: pd.DataFrame,
+    labels: Mapping[str, Mapping[str, str]],
+    runs: Mapping[str, Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """A published table (``dataset, defense, attack, metric, value`` in the paper's names) in
     the layout of ``<table>_cells.csv``: run keys for defenses, attacks and metrics (through
-    params.yaml's labels), the paper's dataset names. Lines naming no run of ours are dropped."""
+    params.yaml's labels, among the table's own ``runs`` where given: ``{"defenses": [...],
+    "attacks": [...]}``, since two tables' defenses may share a label), the paper's dataset
+    names. Lines naming no run of ours are dropped."""
     keys = {
-        column: {label: key for key, label in labels[kind].items()}
+        column: {
+            label: key for key, label in labels[kind].items() if runs is None or key in runs[kind]
+        }
         for column, kind in (("defense", "defenses"), ("attack", "attacks"))
     }
     keys["metric"] = {spec.label: key for key, spec in METRICS.items()}

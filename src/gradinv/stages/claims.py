@@ -39,7 +39,11 @@ def run(settings: dict[str, Any], claims_file: Path, results_dir: Path, out_dir:
         if not path.exists()
     }
     published = {
-        table: reference_cells(pd.read_csv(project_path(csv)), settings["labels"])
+        table: reference_cells(
+            pd.read_csv(project_path(csv)),
+            settings["labels"],
+            settings.get("reference_runs", {}).get(table),
+        )
         for table, csv in settings.get("references", {}).items()
     }
     # every table's victims: where the floor checks find each undefended attack

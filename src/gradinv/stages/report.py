@@ -64,7 +64,7 @@ def run(
         "model": "; ".join(f"{m} {settings['models'][m]}" for m in models),
         "protocol": settings["fl"]["protocol"],
         "round attacked": ", ".join(map(str, rounds)),
-        "batch size": settings["capture"]["batch_size"],
+        "batch size": _batch_sizes(settings["capture"], attack_cfgs),
         "victims": (
             f"{n_victims} (validation image v x {settings['capture']['victim_stride']},"
             " wrapped around the validation set)"
@@ -73,6 +73,12 @@ def run(
         **{
             f"attack {a}": {k: v for k, v in cfg.items() if k not in ("kind", "label")}
             for a, cfg in attack_cfgs.items()
+        },
+        # a defense's own settings against a malicious server's attack (DCS² against Imprint)
+        **{
+            f"defense {d} against {kind}": values
+            for d, block in settings["defenses"].items()
+            for kind, values in block.get("against", {}).items()
         },
         "seed": settings["seed"],
     }
@@ -98,7 +104,8 @@ def run(
         )
         note = (
             f"{spec['scaled_down_note'].strip()} This run: {n_victims} victims, "
-            f"batch size {cap['batch_size']}, round(s) {', '.join(map(str, rounds))}; {runs}."
+            f"batch size {_batch_sizes(cap, attack_cfgs)}, round(s) "
+            f"{', '.join(map(str, rounds))}; {runs}."
         )
     render_table(
         name,
@@ -266,6 +273,13 @@ def _grid(
         print(f"gradinv report: {out.name}: {note}", file=sys.stderr)
         caption = f"{caption} {note}."
     reconstruction_grid(entries, out, caption)
+
+
+def _batch_sizes(capture: dict[str, Any], attacks: dict[str, Any]) -> str:
+    """A table's batch size, with the attacks that have their own (``2 (Imprint: 4)``)."""
+    own = capture.get("batch_sizes", {})
+    extra = ", ".join(f"{attacks[a]['label']}: {bs}" for a, bs in own.items())
+    return f"{capture['batch_size']} ({extra})" if extra else str(capture["batch_size"])
 
 
 def _budgets(cfgs: dict[str, dict[str, Any]]) -> str:
