@@ -52,10 +52,11 @@ def _score_settings(config, defense, bs, attack="ig", model="lenet"):
 
 def test_a_table_with_dcs2_scores_its_other_defenses_on_the_sensitive_samples():
     config = validate(copy.deepcopy(PARAMS))
-    # dcs2_table1: LeNet, batches of 2, DCS² conceals the first image of each
-    for defense in ("none", "sparsi", "soteria"):
-        on = _score_settings(config, defense, "2", attack="imprint")["scored_on"]
-        assert on["defense"] == "dcs2_one" and on["rule"]["sensitive"] == "count"
+    # dcs2_table1: LeNet, batches of 2 (Imprint: 4), DCS² conceals the first image of each
+    for defense in ("none", "sparsi_dcs2", "soteria_dcs2"):
+        for bs, attack in (("2", "dlg"), ("4", "imprint")):
+            on = _score_settings(config, defense, bs, attack=attack)["scored_on"]
+            assert on["defense"] == "dcs2_one" and on["rule"]["sensitive"] == "count"
     assert "scored_on" not in _score_settings(config, "dcs2_one", "2")  # its capture says
     # Table I has no DCS²: the whole batch, and its score jobs' settings as before
     assert "scored_on" not in _score_settings(config, "none", "1", model="cnn3")
