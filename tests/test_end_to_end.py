@@ -1,6 +1,7 @@
 """The whole pipeline for real, on the tiny overlay (tests/configs/tiny.yaml): CENSOR's Table I
 and a table of the data-centric defenses against an honest and a malicious server, built by one
-Snakemake run that the tests below read (the jobs the two tables share run once)."""
+Snakemake run that the tests below read (the jobs the two tables share run once); then, in the
+same folder, the utility study and the sweeps, which reuse what that run made."""
 
 import csv
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from browser import browser_page, screenshot
 from gradinv.io import load_tensors
@@ -191,63 +193,6 @@ def test_the_papers_claims_are_checked_on_the_tiny_tables(tiny_run):
     assert "SCALED-DOWN" in (run / "results/claims.md").read_text()
 
 
-SWEEPS_OVERLAY = """
-tables:
-  cvb_table5: {model: [cnn3, vit], attacks: [ig_ignore], victims: 1}
-  frontier_runs: {sweeps: [noise_std], attacks: [ig, ig_eot], victims: 1,
-                  metrics: [psnr, ssim, pmm], tradeoff: pmm}
-sweeps:
-  noise_std: {values: [0.001, 0.01]}  # 0.01 is noise's own std: that point reads noise's runs
-client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size: 4, repeats: 2}
-"""
-
-
-@pytest.mark.slow
-def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tmp_path):
-    """Issue 9's new kinds of target in one Snakemake run: a sweep's variants (names with a
-    dot) trained, attacked and given their own utility runs, the one at its base's value read
-    from the base's runs; a table over two models; the
-    frontier from the strongest attack per metric; Refiner's Table 4 from timed client updates."""
-    root = workflow_copy(tmp_path)
-    (root / "tests/configs/sweeps.yaml").write_text(SWEEPS_OVERLAY)
-    targets = ("results/frontier.png", "results/cvb_table5.csv", "results/refiner_table4_time.csv")
-    overlays = ("--configfile", TINY, "tests/configs/sweeps.yaml")
-    proc = snakemake(*targets, "--cores", "2", *overlays, cwd=root, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = run_folder(root, TINY)
-
-    frontier = pd.read_csv(run / "results/frontier.csv").set_index("defense")
-    assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
-    assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
-    # the point at the base's value ran once, as the base, and is shown under its own name
-    assert (run / "results/utility/common/patches/cnn3/noise/seed0/summary.json").is_file()
-    assert not list((run / "results").rglob("noise-std0.01"))
-    assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
-    assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
-    assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
-    assert (run / "results/frontier.png").stat().st_size > 0
-    # the table behind it drawn as Refiner's figures are: PMM against each metric, per sweep
-    assert (run / "results/figures/frontier_runs.png").stat().st_size > 0
-
-    cells = pd.read_csv(run / "results/cvb_table5_cells.csv")
-    assert set(cells["model"]) == {"cnn3", "vit"}
-    asr = cells[cells["metric"] == "attack_success"]["mean"]
-    assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG (Ignore)
-    accuracy = cells[cells["metric"] == "accuracy"]
-    assert accuracy["mean"].notna().all()  # each model's own utility runs
-    assert len(pd.read_csv(run / "results/cvb_table5.csv")) == 6
-
-    times = pd.read_csv(run / "results/refiner_table4_time.csv").set_index("defense")
-    assert list(times.index) == ["sparsi", "refiner_warm"]
-    assert (times[["lenet", "vit"]] > 0).all().all()
-    # Refiner's warm start: later calls reuse the robust data, the first call has none
-    warm = json.loads((run / "results/client_time/patches/lenet/refiner_warm.json").read_text())
-    assert len(warm["timed_seconds"]) == 2 and warm["first_call_seconds"] > 0
-    assert "(0.1418)" in (run / "results/refiner_table4_time.md").read_text()  # the paper's
-    vs = pd.read_csv(run / "results/refiner_table4_time_vs_paper.csv")
-    assert len(vs) == 4 and vs["paper"].notna().all()  # the paper reports LeNet and ViT
-
-
 @pytest.mark.slow
 def test_the_report_shows_table_i_as_a_table_and_a_figure_in_a_browser(tiny_run):
     """``snakemake --report``: Table I under its paper, its page a real HTML table with the
@@ -340,3 +285,103 @@ def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
             assert size == [(32 + 2 + 32) * 4, 32 * 4]  # original | reconstruction, 4x, sharp
             if shots:
                 screenshot(page, Path(shots) / "mlflow-attack-image.png")
+
+
+# The two tests below add runs to the tiny run's folder: they come after every test that reads
+# it as the two tables left it (test_tiny_end_to_end_run counts its MLflow runs).
+
+
+@pytest.mark.slow
+def test_tiny_utility_table_reports_every_defense_beside_no_defense(tiny_run):
+    """The utility study of every defense at tiny.yaml's two seeds, in the tiny run's folder
+    (after the tests that count its MLflow runs), whose data and utility runs it reuses."""
+    root = tiny_run
+    proc = snakemake("results/utility.csv", "--cores", "2", "--configfile", TINY, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = run_folder(root, TINY)
+    table = pd.read_csv(run / "results/utility.csv")
+    cfg = yaml.safe_load((root / "params.yaml").read_text())
+    assert list(table["defense"]) == cfg["utility"]["defenses"]
+    assert (table["status"] == "ok").all() and table["accuracy"].between(0, 100).all()
+    assert (table["seeds"] == 2).all()  # tiny.yaml's two seeds
+    runs = pd.read_csv(run / "results/utility_runs.csv")
+    assert len(runs) == 2 * len(table)
+    # PMM: each run over no defense's at the same seed, averaged (the CSV keeps 6 digits)
+    by_seed = runs.pivot(index="seed", columns="defense", values="accuracy")
+    pmm = (by_seed.div(by_seed["none"], axis=0)).mean()
+    relative = table.set_index("defense")["relative_accuracy"]
+    assert ((relative - pmm[relative.index]).abs() < 1e-4).all()
+    dp = table.set_index("defense").loc["dp_sgd"]
+    assert 0 < dp["epsilon"] < float("inf")
+    assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
+    summary = json.loads(
+        (run / "results/utility/common/patches/cnn3/cvb/seed1/summary.json").read_text()
+    )
+    assert summary["seed"] == 1
+    assert summary["status"] == "ok"
+    # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
+    saved = load_tensors(run / "results/utility/common/patches/cnn3/cvb/seed0/final.pt")
+    assert saved["model"]["extension"]["kind"] == "cvb"
+    assert any("decoder" in k for k in saved["state"])
+    md = (run / "results/utility.md").read_text()
+    assert "SCALED-DOWN" in md and "PRECODE" in md
+
+
+SWEEPS_OVERLAY = """
+tables:
+  cvb_table5: {model: [cnn3, vit], attacks: [ig_ignore], victims: 1}
+  frontier_runs: {sweeps: [noise_std], attacks: [ig, ig_eot], victims: 1,
+                  metrics: [psnr, ssim, pmm], tradeoff: pmm}
+sweeps:
+  noise_std: {values: [0.001, 0.01]}  # 0.01 is noise's own std: that point reads noise's runs
+client_time: {models: [lenet, vit], defenses: [sparsi, refiner_warm], batch_size: 4, repeats: 2}
+"""
+
+
+@pytest.mark.slow
+def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tiny_run):
+    """Issue 9's new kinds of target in one Snakemake run: a sweep's variants (names with a
+    dot) trained, attacked and given their own utility runs, the one at its base's value read
+    from the base's runs; a table over two models; the
+    frontier from the strongest attack per metric; Refiner's Table 4 from timed client updates.
+    In the tiny run's folder (it adds an overlay and runs there: it comes last), so that the
+    jobs the two runs share (the data, the evaluation network, no defense's training and
+    Noise's, the victims) run once."""
+    root = tiny_run
+    (root / "tests/configs/sweeps.yaml").write_text(SWEEPS_OVERLAY)
+    targets = ("results/frontier.png", "results/cvb_table5.csv", "results/refiner_table4_time.csv")
+    overlays = ("--configfile", TINY, "tests/configs/sweeps.yaml")
+    proc = snakemake(*targets, "--cores", "2", *overlays, cwd=root, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = run_folder(root, TINY)
+
+    frontier = pd.read_csv(run / "results/frontier.csv").set_index("defense")
+    assert list(frontier.index) == ["none", "noise-std0.001", "noise-std0.01"]
+    assert list(frontier["value"].iloc[1:]) == [0.001, 0.01]
+    # the point at the base's value ran once, as the base, and is shown under its own name
+    assert (run / "results/utility/common/patches/cnn3/noise/seed0/summary.json").is_file()
+    assert not list((run / "results").rglob("noise-std0.01"))
+    assert frontier.loc["noise-std0.01", ["psnr", "pmm"]].notna().all()  # from noise's files
+    assert set(frontier["psnr_attack"]) <= {"IG", "IG+EOT"}
+    assert frontier["pmm"].notna().all() and frontier.loc["none", "pmm"] == 1.0
+    assert (run / "results/frontier.png").stat().st_size > 0
+    # the table behind it drawn as Refiner's figures are: PMM against each metric, per sweep
+    assert (run / "results/figures/frontier_runs.png").stat().st_size > 0
+
+    cells = pd.read_csv(run / "results/cvb_table5_cells.csv")
+    assert set(cells["model"]) == {"cnn3", "vit"}
+    asr = cells[cells["metric"] == "attack_success"]["mean"]
+    assert asr.between(0, 1).all() and len(asr) == 6  # 2 models x 3 defenses, IG (Ignore)
+    accuracy = cells[cells["metric"] == "accuracy"]
+    assert accuracy["mean"].notna().all()  # each model's own utility runs
+    assert len(pd.read_csv(run / "results/cvb_table5.csv")) == 6
+
+    times = pd.read_csv(run / "results/refiner_table4_time.csv").set_index("defense")
+    assert list(times.index) == ["sparsi", "refiner_warm"]
+    assert (times[["lenet", "vit"]] > 0).all().all()
+    # Refiner's warm start: later calls reuse the robust data, the first call has none
+    warm = json.loads((run / "results/client_time/patches/lenet/refiner_warm.json").read_text())
+    assert len(warm["timed_seconds"]) == 2 and warm["first_call_seconds"] > 0
+    assert "(0.1418)" in (run / "results/refiner_table4_time.md").read_text()  # the paper's
+    vs = pd.read_csv(run / "results/refiner_table4_time_vs_paper.csv")
+    assert len(vs) == 4 and vs["paper"].notna().all()  # the paper reports LeNet and ViT

@@ -263,43 +263,6 @@ def test_each_overlay_writes_to_its_own_folder_so_switching_reruns_nothing(tmp_p
     assert set(runs) == {"gradinv-micro"} and runs["gradinv-micro"] >= 2
 
 
-@pytest.mark.slow
-def test_tiny_utility_table_reports_every_defense_beside_no_defense(tmp_path):
-    root = workflow_copy(tmp_path)
-    tiny = "tests/configs/tiny.yaml"
-    proc = snakemake("results/utility.csv", "--cores", "2", "--configfile", tiny, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = run_folder(root, tiny)
-    table = pd.read_csv(run / "results/utility.csv")
-    cfg = yaml.safe_load((root / "params.yaml").read_text())
-    assert list(table["defense"]) == cfg["utility"]["defenses"]
-    assert (table["status"] == "ok").all() and table["accuracy"].between(0, 100).all()
-    assert (table["seeds"] == 2).all()  # tiny.yaml's two seeds
-    runs = pd.read_csv(run / "results/utility_runs.csv")
-    assert len(runs) == 2 * len(table)
-    # PMM: each run over no defense's at the same seed, averaged (the CSV keeps 6 digits)
-    by_seed = runs.pivot(index="seed", columns="defense", values="accuracy")
-    pmm = (by_seed.div(by_seed["none"], axis=0)).mean()
-    relative = table.set_index("defense")["relative_accuracy"]
-    assert ((relative - pmm[relative.index]).abs() < 1e-4).all()
-    dp = table.set_index("defense").loc["dp_sgd"]
-    assert 0 < dp["epsilon"] < float("inf")
-    assert table.set_index("defense")["epsilon"].drop("dp_sgd").isna().all()
-    summary = json.loads(
-        (run / "results/utility/common/patches/cnn3/cvb/seed1/summary.json").read_text()
-    )
-    assert summary["seed"] == 1
-    assert summary["status"] == "ok"
-    from gradinv.io import load_tensors
-
-    # the extended model is what the server saved: the attacker rebuilds the bottleneck from it
-    saved = load_tensors(run / "results/utility/common/patches/cnn3/cvb/seed0/final.pt")
-    assert saved["model"]["extension"]["kind"] == "cvb"
-    assert any("decoder" in k for k in saved["state"])
-    md = (run / "results/utility.md").read_text()
-    assert "SCALED-DOWN" in md and "PRECODE" in md
-
-
 def test_every_source_a_dvc_stage_depends_on_exists():
     """A moved module must not leave a DVC stage depending on a path that is gone: DVC would
     refuse `dvc repro` on a fresh clone ("missing dependencies")."""

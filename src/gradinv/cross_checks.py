@@ -109,11 +109,11 @@ def check_references(config: dict[str, Any], source: str) -> None:
     from gradinv.methods import fact
     from gradinv.settings import from_mapping
 
+    malicious = [k for k in ATTACKS if fact("attacks", k, "server") == "malicious"]
     for name, block in config["defenses"].items():  # combinations a defense's settings refuse
         defense_settings(block["kind"], method_settings(block), where=f"{source}: defenses.{name}")
         for kind, values in block.get("against", {}).items():
             where = f"{source}: defenses.{name}.against.{kind}"
-            malicious = [k for k in ATTACKS if fact("attacks", k, "server") == "malicious"]
             if kind not in malicious:
                 raise ConfigError(
                     f"{where}: {kind!r} is not the kind of a malicious server's attack, the only "

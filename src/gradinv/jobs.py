@@ -119,13 +119,12 @@ def victim_groups(n: int, per_job: int) -> list[tuple[int, int]]:
     return [(first, min(first + per_job, n) - 1) for first in range(0, n, per_job)]
 
 
-def _malicious_kind(config: dict[str, Any], w: Any) -> str | None:
-    """The kind of the malicious server's attack a job's wildcards name (its capture, its
-    scores), else None."""
+def _attack_kind(config: dict[str, Any], w: Any) -> str | None:
+    """The kind of the attack a job's wildcards name (a malicious capture's, a score's), else
+    None. Only a malicious server's kind can have a defense's ``against`` entry (the config check
+    refuses any other), so :func:`defense_block` changes nothing for an honest attack's jobs."""
     attack = w.get("attack")
-    if attack is None or attack not in malicious_attacks(config):
-        return None
-    return str(config["attacks"][attack]["kind"])
+    return None if attack is None else str(config["attacks"][attack]["kind"])
 
 
 def capture_file(config: dict[str, Any], w: Any) -> str:
@@ -363,7 +362,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "model_name": w["model"],
             # against a malicious server's attack, the defense's settings against it (its own
             # capture job); every other job's without them
-            "defense": defense_block(config, w["defense"], _malicious_kind(config, w)),
+            "defense": defense_block(config, w["defense"], _attack_kind(config, w)),
             "defense_name": w["defense"],
             "partition": config["partition"],
             "dataset": w["dataset"],
@@ -404,7 +403,7 @@ def job_settings(config: dict[str, Any], stage: str, **w: str) -> str:
             "metrics": config["metrics"],
             "attack": attack_block(config, w["attack"], w["dataset"], w["model"]),
             "attack_name": w["attack"],
-            "defense": defense_block(config, w["defense"], _malicious_kind(config, w)),
+            "defense": defense_block(config, w["defense"], _attack_kind(config, w)),
             "defense_name": w["defense"],
             "dataset": w["dataset"],
             "dataset_label": config["data"]["sources"][w["dataset"]]["label"],
