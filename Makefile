@@ -8,10 +8,6 @@ BIN := $(VENV)/bin
 # to import); pip installs these two together, before anything else can pull in another torch.
 TORCH := torch==2.14.1 torchvision==0.29.1
 CORES ?= all
-# What a job and the tests' workflow runs import (compiled to bytecode once, by `make env`)
-WARM_IMPORTS := import torch._dynamo, torchvision, pandas, matplotlib.pyplot, scipy.optimize, \
-	scipy.ndimage, mlflow, snakemake.api, dvc.repo, gradinv.stages.attack, gradinv.stages.score, \
-	gradinv.stages.train, gradinv.stages.report
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -25,17 +21,16 @@ $(VENV)/.guarded: $(VENV)/.installed src/gradinv/config_guard.py
 	$(BIN)/gradinv guard install
 	touch $@
 
-# --no-compile: pip would byte-compile every installed module (79 s of one core here, torch's
-# compiler and test suites included); Python compiles a module on its first import instead, and
-# the import below does it once for what every job loads (22 s), before parallel jobs would.
+# pip byte-compiles what it installs (its default; keep it): Python would compile a module on its
+# first import instead, but where PYTHONDONTWRITEBYTECODE is set (as on the development machine)
+# it keeps nothing, and every job would compile torch from source again (about 22 s of CPU).
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile $(TORCH)
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[all]" $(TORCH)
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[all]" $(TORCH)
 	$(BIN)/python -m pip check
 	$(BIN)/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	$(BIN)/python -c "$(WARM_IMPORTS)"
 	touch $@
 
 table1: env

@@ -74,3 +74,23 @@ def test_the_start_up_benchmark_alternates_the_two_commits_processes(tmp_path):
     seconds = startup.startup_seconds("probe", 4, srcs)
     assert log.read_text() == "baab" * 2
     assert set(seconds) == {"before", "after"} and all(s > 0 for s in seconds.values())
+
+
+def test_building_an_optimizer_loads_the_compiler_and_the_benchmark_says_so():
+    """benchmarks/optimizer_import.py: what a training or attack job pays for building SGD or
+    Adam past importing torch (torch.optim imports torch._dynamo). If a torch release stops doing
+    so, this fails, and docs/costs.md's figures are out of date."""
+    script = TESTS.parent / "benchmarks" / "optimizer_import.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines()[2:]]
+    assert {(r[0].strip(), r[1].strip()) for r in rows} >= {
+        (o, w)
+        for o in ("SGD", "Adam")
+        for w in ("import torch", "build the optimizer", "first step", "second step")
+    }
+    loaded = [r[2].strip() for r in rows if r[1].strip() == "building it loaded torch._dynamo"]
+    assert loaded == ["1 of 1", "1 of 1"]
+    timed = [float(r[2]) for r in rows if r[1].strip().endswith(("torch", "optimizer", "step"))]
+    assert len(timed) == 8 and all(t >= 0 for t in timed)
