@@ -4,6 +4,7 @@ times over (``benchmarks/startup.py`` measures the share). The libraries below c
 seconds each on a 2-core machine and belong to the reports and to MLflow, not to the jobs."""
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -78,19 +79,71 @@ def test_the_start_up_benchmark_alternates_the_two_commits_processes(tmp_path):
 
 def test_building_an_optimizer_loads_the_compiler_and_the_benchmark_says_so():
     """benchmarks/optimizer_import.py: what a training or attack job pays for building SGD or
-    Adam past importing torch (torch.optim imports torch._dynamo). If a torch release stops doing
-    so, this fails, and docs/costs.md's figures are out of date."""
+    Adam past importing torch (torch.optim imports torch._dynamo), and what it pays after
+    eager_optimizers(). If a torch release stops importing it, or eager_optimizers() stops
+    avoiding it, this fails, and docs/costs.md's figures are out of date."""
     script = TESTS.parent / "benchmarks" / "optimizer_import.py"
     out = subprocess.run(
         [sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, check=True
     ).stdout
-    rows = [line.split("|")[1:-1] for line in out.splitlines()[2:]]
-    assert {(r[0].strip(), r[1].strip()) for r in rows} >= {
-        (o, w)
-        for o in ("SGD", "Adam")
-        for w in ("import torch", "build the optimizer", "first step", "second step")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()[2:]]
+    loaded = {(r[0], r[1]): r[3] for r in rows if r[2] == "loaded torch._dynamo"}
+    assert loaded == {
+        ("SGD", "torch as installed"): "1 of 1",
+        ("SGD", "after eager_optimizers()"): "0 of 1",
+        ("Adam", "torch as installed"): "1 of 1",
+        ("Adam", "after eager_optimizers()"): "0 of 1",
     }
-    loaded = [r[2].strip() for r in rows if r[1].strip() == "building it loaded torch._dynamo"]
-    assert loaded == ["1 of 1", "1 of 1"]
-    timed = [float(r[2]) for r in rows if r[1].strip().endswith(("torch", "optimizer", "step"))]
-    assert len(timed) == 8 and all(t >= 0 for t in timed)
+    timed = [float(r[3]) for r in rows if r[2] != "loaded torch._dynamo"]
+    assert len(timed) == 16 and all(t >= 0 for t in timed)
+
+
+EAGER = """
+import json, sys
+import torch
+if sys.argv[1] == "eager":
+    from gradinv.stages.common import setup
+    setup({})
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+data, target = torch.randn(16, 8), torch.randn(16, 2)
+out = {}
+for name, make in (
+    ("sgd", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4)),
+    ("adam", lambda p: torch.optim.Adam(p, lr=0.01)),
+    ("lbfgs", lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=5)),
+):
+    net = torch.nn.Sequential(*(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
+    net.load_state_dict(model.state_dict())
+    optimizer = make(net.parameters())
+    schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[3], gamma=0.1)
+
+    def loss():
+        optimizer.zero_grad()
+        value = ((net(data) - target) ** 2).mean()
+        value.backward()
+        return value
+
+    for _ in range(6):
+        optimizer.step(loss)
+        schedule.step()
+    optimizer.load_state_dict(optimizer.state_dict())
+    out[name] = [p.detach().flatten().tolist() for p in net.parameters()]
+out["grad enabled"] = torch.is_grad_enabled()
+out["dynamo"] = "torch._dynamo" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_eager_optimizers_compute_what_torch_computes_without_loading_the_compiler():
+    """gradinv.stages.common.eager_optimizers (every stage's setup()): SGD with momentum, Adam and
+    L-BFGS under a learning-rate schedule end with the same parameters, bit for bit, as under
+    torch.optim as installed, and the compiler's front end (1.5 s a job) is not loaded."""
+    runs = {}
+    for way in ("torch", "eager"):
+        out = subprocess.run(
+            [sys.executable, "-c", EAGER, way], capture_output=True, text=True, check=True
+        ).stdout
+        runs[way] = json.loads(out)
+    assert runs["torch"].pop("dynamo") is True and runs["eager"].pop("dynamo") is False
+    assert runs["eager"] == runs["torch"] and runs["eager"]["grad enabled"] is True

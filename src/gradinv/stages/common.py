@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ def setup(settings: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     deterministic_algorithms()
     full_float32()
+    eager_optimizers()
 
 
 def full_float32() -> None:
@@ -49,6 +52,75 @@ def deterministic_algorithms() -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
         torch._C._set_deterministic_algorithms(True, warn_only=True)
+
+
+def eager_optimizers() -> None:
+    """torch.optim without the compiler's front end, which costs a job about 1.5 s.
+
+    torch.optim imports ``torch._dynamo`` (and with it sympy and torch.distributed) for
+    ``torch.compile``, which no stage runs: an optimizer's constructor calls methods wrapped in
+    ``torch._disable_dynamo``, which import it on their first call, and every ``step`` is wrapped in
+    ``_use_grad_for_differentiable``, which imports it to mark graph breaks that do nothing outside
+    a compiled graph (``benchmarks/optimizer_import.py`` measures the cost). Each such wrapper in
+    torch.optim gets its eager meaning beforehand: a ``_disable_dynamo`` wrapper the function it
+    caches after its first call (the function itself, as nothing compiles), a step wrapper a copy
+    that sets autograd as it does, without the graph breaks. The arithmetic stays torch's own
+    (tests/test_startup.py compares SGD, Adam and L-BFGS with torch's unchanged). A wrapper of
+    another shape (another torch release) is left alone and imports the compiler as before, and
+    nothing is changed once the compiler is loaded.
+    """
+    if "torch._dynamo" in sys.modules:
+        return
+    from torch._compile import _disable_dynamo
+    from torch.optim.optimizer import _use_grad_for_differentiable
+
+    disabled = _disable_dynamo(_nothing).__code__
+    graph_breaks = _use_grad_for_differentiable(_nothing).__code__
+    for name, module in list(sys.modules.items()):
+        if name != "torch.optim" and not name.startswith("torch.optim."):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer):
+                for attribute, member in list(vars(value).items()):
+                    if getattr(member, "__code__", None) is graph_breaks:
+                        setattr(value, attribute, _eager_step(member.__wrapped__))
+                    _resolve(member, disabled, depth=3)
+            else:
+                _resolve(value, disabled, depth=3)
+
+
+def _nothing() -> None:
+    """A function to wrap, to learn the code object of torch's wrappers."""
+
+
+def _resolve(function: object, disabled: types.CodeType, depth: int) -> None:
+    """Give every ``_disable_dynamo`` wrapper in ``function`` (and what it wraps or closes over,
+    ``depth`` levels down) its own function as the eager one it would cache on its first call."""
+    if not isinstance(function, types.FunctionType) or depth == 0:
+        return
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=True))
+    if function.__code__ is disabled:
+        wrapped = cells["fn"].cell_contents
+        if getattr(wrapped, "__dynamo_disable", None) is None:
+            setattr(wrapped, "__dynamo_disable", wrapped)
+    for cell in cells.values():
+        try:
+            _resolve(cell.cell_contents, disabled, depth - 1)
+        except ValueError:  # a cell not filled yet
+            continue
+    _resolve(getattr(function, "__wrapped__", None), disabled, depth - 1)
+
+
+def _eager_step(step: Callable[..., Any]) -> Callable[..., Any]:
+    """An optimizer's ``step`` as torch's ``_use_grad_for_differentiable`` runs it, less the graph
+    breaks: autograd on only for a differentiable optimizer, and as it was afterwards."""
+
+    @functools.wraps(step)
+    def eager_step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, *args, **kwargs)
+
+    return eager_step
 
 
 def derive_seed(seed: int, *parts: object) -> int:
