@@ -138,7 +138,7 @@ print(json.dumps(out))
 def test_eager_optimizers_compute_what_torch_computes_without_loading_the_compiler():
     """gradinv.stages.common.eager_optimizers (every stage's setup()): SGD with momentum, Adam and
     L-BFGS under a learning-rate schedule end with the same parameters, bit for bit, as under
-    torch.optim as installed, and the compiler's front end (1.5 s a job) is not loaded."""
+    torch.optim as installed, and the compiler's front end (about 2 s a job) is not loaded."""
     runs = {}
     for way in ("torch", "eager"):
         out = subprocess.run(

@@ -55,7 +55,7 @@ def deterministic_algorithms() -> None:
 
 
 def eager_optimizers() -> None:
-    """torch.optim without the compiler's front end, which costs a job about 1.5 s.
+    """torch.optim without the compiler's front end, which cost a job about 2 s here.
 
     torch.optim imports ``torch._dynamo`` (and with it sympy and torch.distributed) for
     ``torch.compile``, which no stage runs: an optimizer's constructor calls methods wrapped in
