@@ -59,7 +59,7 @@ def probe(optimizer: str, way: str) -> dict[str, float | bool]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7, help="processes per optimizer")
+    parser.add_argument("--repeats", type=int, default=7, help="processes per optimizer and way")
     args = parser.parse_args(argv)
     ways = {"torch": "torch as installed", "eager": "after eager_optimizers()"}
     runs: dict[tuple[str, str], list[dict[str, float | bool]]] = {

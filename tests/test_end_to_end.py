@@ -287,14 +287,15 @@ def test_the_mlflow_ui_shows_an_attack_runs_metrics_and_its_image(tiny_run):
                 screenshot(page, Path(shots) / "mlflow-attack-image.png")
 
 
-# The two tests below add runs to the tiny run's folder: they come after every test that reads
-# it as the two tables left it (test_tiny_end_to_end_run counts its MLflow runs).
+# The two tests below add runs to the tiny run's folder (the sweeps test adds an overlay): they
+# come after every test that reads it as the two tables left it (test_tiny_end_to_end_run counts
+# its MLflow runs).
 
 
 @pytest.mark.slow
 def test_tiny_utility_table_reports_every_defense_beside_no_defense(tiny_run):
-    """The utility study of every defense at tiny.yaml's two seeds, in the tiny run's folder
-    (after the tests that count its MLflow runs), whose data and utility runs it reuses."""
+    """The utility study of every defense at tiny.yaml's two seeds, reusing the tiny run's data
+    and utility runs."""
     root = tiny_run
     proc = snakemake("results/utility.csv", "--cores", "2", "--configfile", TINY, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -344,9 +345,8 @@ def test_sweeps_several_models_the_frontier_and_client_time_end_to_end(tiny_run)
     dot) trained, attacked and given their own utility runs, the one at its base's value read
     from the base's runs; a table over two models; the
     frontier from the strongest attack per metric; Refiner's Table 4 from timed client updates.
-    In the tiny run's folder (it adds an overlay and runs there: it comes last), so that the
-    jobs the two runs share (the data, the evaluation network, no defense's training and
-    Noise's, the victims) run once."""
+    The jobs it shares with the tiny run (the data, the evaluation network, no defense's and
+    Noise's trainings, the victims) run once."""
     root = tiny_run
     (root / "tests/configs/sweeps.yaml").write_text(SWEEPS_OVERLAY)
     targets = ("results/frontier.png", "results/cvb_table5.csv", "results/refiner_table4_time.csv")

@@ -99,7 +99,7 @@ def test_building_an_optimizer_loads_the_compiler_and_the_benchmark_says_so():
 
 
 EAGER = """
-import json, sys
+import copy, json, sys
 import torch
 if sys.argv[1] == "eager":
     from gradinv.stages.common import setup
@@ -113,8 +113,7 @@ for name, make in (
     ("adam", lambda p: torch.optim.Adam(p, lr=0.01)),
     ("lbfgs", lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=5)),
 ):
-    net = torch.nn.Sequential(*(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
-    net.load_state_dict(model.state_dict())
+    net = copy.deepcopy(model)
     optimizer = make(net.parameters())
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[3], gamma=0.1)
 
