@@ -57,6 +57,18 @@ def test_an_interval_that_ends_on_a_tie_ends_exactly_there():
     assert mirrored.low == 0.0 and verdict(mirrored, "not_below") == "holds"
 
 
+@pytest.mark.parametrize("n", [8, 24])  # every sign pattern, then random ones
+@pytest.mark.parametrize("value", [0.0, 2.5])
+def test_identical_differences_give_an_interval_of_zero_width(n, value):
+    """Every victim the same difference (Soteria at 1% leaves Imprint's reconstructions as they
+    are without a defense: all 0): any other δ is rejected (p 1/2^(n-1), or about 1e-4 from
+    random patterns), so the interval is that one value, not ±1.7e-15 around it."""
+    iv = paired_victims([value] * n, [0.0] * n, "same")
+    assert (iv.low, iv.estimate, iv.high) == (value, value, value)
+    assert verdict(iv, "less") == ("fails" if value else "inconclusive")
+    assert verdict(iv, "within", 1.0) == ("fails" if value else "holds")
+
+
 def test_five_victims_or_fewer_decide_nothing_however_consistent():
     # 2 / 2^5 > 0.05: no sign pattern is rare enough, so the interval is the whole line
     for n in (2, 5):
