@@ -6,6 +6,7 @@ The metrics dicts below are synthetic test fixtures, not results.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -493,6 +494,61 @@ def test_a_reconstruction_not_on_disk_is_a_labelled_tile_and_counted(tmp_path, m
     with Image.open(out) as img:
         assert img.text["Title"].startswith(f"Grid. {note}")
     assert note in capsys.readouterr().err
+
+
+def test_a_table_with_two_batch_sizes_draws_each_in_rows_of_its_own(tmp_path, monkeypatch):
+    """DCS²'s Table 1 attacks Imprint on batches of 4 and IG on batches of 2. Batches of distinct
+    labels share no image, so victim 14's batch of 4 starts one image later than its batch of 2:
+    two originals for one victim, which stopped the report ("two different originals for
+    ('Patches', 14)"). Each batch size now has rows of its own, with its own originals."""
+    from gradinv.io import save_tensors
+    from gradinv.stages import report
+
+    rows = []
+    for bs, attack in ((2, "ig"), (4, "imprint")):
+        victim = tmp_path / f"b{bs}" / "victim14.pt"
+        save_tensors(victim, {"images": torch.rand(bs, 3, 8, 8)})  # a different first image
+        attacked = tmp_path / "attacks" / attack / "victims8-15.pt"
+        images = torch.rand(bs, 3, 8, 8)
+        save_tensors(attacked, {"runs": [{"status": "ok", "images": images}] * 8})
+        rows.append(
+            {
+                "dataset_label": "Patches",
+                "defense": "none",
+                "defense_label": "No Defense",
+                "attack": attack,
+                "attack_label": attack,
+                "model": "lenet",
+                "round": 0,
+                "batch_size": bs,
+                "victim": 14,
+                "status": "ok",
+                "victim_file": str(victim),
+                "reconstruction": str(attacked),
+                "reconstruction_index": 6,
+            }
+        )
+    monkeypatch.setattr(report, "scored_runs", lambda files: rows)
+    drawn = []
+    monkeypatch.setattr(
+        report,
+        "reconstruction_grid",
+        lambda entries, out, caption: (
+            drawn.extend(entries),
+            reconstruction_grid(entries, out, caption),
+        )[1],
+    )
+    out = tmp_path / "grid.png"
+    report._grid([], out, [0], caption="Grid.", shown={}, shown_attacks={})
+    assert [(e.dataset, e.attack_label) for e in drawn] == [
+        ("Patches, batch 2", "ig"),
+        ("Patches, batch 4", "imprint"),
+    ]
+    assert out.stat().st_size > 0
+    with pytest.raises(TableError, match="two different originals"):  # as one row, refused
+        reconstruction_grid(
+            [replace(e, dataset="Patches") for e in drawn], tmp_path / "one.png", ""
+        )
 
 
 def test_malformed_files_are_named(tmp_path):

@@ -174,9 +174,9 @@ def _at_a_tie(d: np.ndarray, bound: float, spread: float, seed: int) -> float:
     both defenses give differences of 0, whose interval ends at 0). The test's tolerance for
     ties keeps δ accepted for about 1e-12 beyond such a difference, and bisection stops there:
     an end within float resolution of an accepted difference is that difference, not 1e-12.
-    Where every difference is the same (Soteria reads Imprint's batches back as no defense
-    does: all 0), the step out is only 1e-9 and the tolerance's own 1e-15 is most of the
-    distance, hence the absolute term."""
+    Where every difference is the same (under Soteria, Imprint reads every batch back as it
+    does without a defense: all 0), the step out is only 1e-9 and the tolerance's own 1e-15 is
+    most of the distance, hence the absolute term."""
     nearest = float(d[np.argmin(np.abs(d - bound))])
     tolerance = 1e-9 * spread + 1e-12 * max(1.0, abs(nearest))
     if abs(bound - nearest) <= tolerance and sign_flip_pvalue(d, nearest, seed) > 1 - LEVEL:

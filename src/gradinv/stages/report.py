@@ -238,7 +238,13 @@ def _grid(
     machine without it, ``benchmarks/run_state.py``), its tiles say so, the caption counts
     them and names the command that brings them back, and the table is still written."""
     entries, not_kept, runs = [], [], 0
-    for row in scored_runs(metric_files):
+    rows = list(scored_runs(metric_files))
+    # A table whose attacks take batches of different sizes (DCS²'s: Imprint's 4, the others'
+    # 2) draws each size in rows of its own: victim v's batch, and with it the image shown as
+    # its original, differs from one size to the other (batches of distinct labels share no
+    # image, so a larger batch can push a victim's first image along).
+    batch_sizes = {row.get("batch_size") for row in rows}
+    for row in rows:
         runs += 1
         secret = load_tensors(run_path(row["victim_file"]))
         if run_path(row["reconstruction"]).is_file():
@@ -252,7 +258,8 @@ def _grid(
         ):
             entries.append(
                 GridEntry(
-                    dataset=row["dataset_label"],
+                    dataset=row["dataset_label"]
+                    + (f", batch {row['batch_size']}" if len(batch_sizes) > 1 else ""),
                     # One grid row per round too when the table spans rounds (Table V).
                     defense_label=(f"{row['model']}: " if several_models else "")
                     + label
